@@ -1,0 +1,36 @@
+# Two commands on a fresh machine:
+#   make quickstart   create .venv, install, prepare the Shakespeare corpus, run the main job
+#   make test         the whole test suite, notebooks included (what CI runs)
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+DATA   := data/shakespeare/meta.json
+# 2 cores: one torch thread per process keeps parallel test workers from oversubscribing
+TEST_ENV := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
+
+.PHONY: quickstart test install data notebooks clean
+
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+data: $(DATA)
+$(DATA): | $(VENV)/.installed
+	$(PY) data_scripts/prepare_shakespeare.py
+
+quickstart: install data
+	$(PY) -m accellib.compare --config configs/quickstart.yaml --out runs/quickstart --overwrite
+
+test: install data
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests notebooks \
+	  --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
+
+# Re-execute every notebook in place so stored outputs are the CI-scale outputs nbval checks.
+notebooks: install data
+	$(PY) tests/execute_notebooks.py notebooks/*.ipynb
+
+clean:
+	rm -rf runs .pytest_cache

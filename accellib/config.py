@@ -1,0 +1,236 @@
+"""Run configuration: plain dataclasses, a YAML file, and `--section.key=value` overrides.
+
+    cfg = load_config("configs/tiny.yaml", ["--train.steps=50", "--pld.enabled=true"])
+
+Every field is declared with `opt(default, help, min=, max=, choices=)`; that metadata drives
+validation (one-line `ConfigError` naming the key and what is allowed) and `--help`.
+Technique sections (`pld`, `random_ltd`, ...) come from `accellib.techniques.REGISTRY`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from .model import ModelConfig
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message is one line saying what to change."""
+
+
+def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None,
+        choices: Optional[list] = None):
+    """A dataclass field with help text and the allowed range/choices."""
+    meta = dict(help=help, min=min, max=max, choices=choices)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    path: str = opt("data/shakespeare", "token-data folder written by data_scripts/")
+    mlm_prob: float = opt(0.15, "masking probability for model.kind=mlm", min=0.01, max=0.9)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(5e-3, "peak learning rate (AdamW)", min=0.0, max=1.0)
+    min_lr_ratio: float = opt(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
+    warmup_steps: int = opt(20, "linear warm-up, in optimizer steps", min=0)
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)", min=0.0)
+    beta1: float = opt(0.9, "AdamW beta1", min=0.0, max=1.0)
+    beta2: float = opt(0.95, "AdamW beta2", min=0.0, max=1.0)
+    grad_clip: float = opt(1.0, "global grad-norm clip; 0 disables", min=0.0)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(300, "optimizer steps", min=1)
+    batch_size: int = opt(32, "sequences per micro-batch per process", min=1)
+    grad_accum: int = opt(1, "micro-batches per optimizer step", min=1)
+    eval_every: int = opt(50, "evaluate every N steps (and at the end); 0 = only at the end", min=0)
+    eval_windows: int = opt(64, "fixed validation windows per evaluation", min=1)
+    log_every: int = opt(10, "train-loss log interval in steps", min=1)
+    checkpoint_every: int = opt(0, "checkpoint every N steps (always at the end); 0 = end only", min=0)
+    seed: int = opt(1337, "seed for init, data order and technique randomness", min=0)
+    precision: str = opt("auto", "auto = bf16 on a bf16-capable GPU, else fp32",
+                         choices=["auto", "fp32", "bf16"])
+    progress: bool = opt(True, "tqdm progress bar on the main process")
+    threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0)
+
+
+MODEL_HELP = dict(
+    kind=dict(help="gpt = causal LM, mlm = masked LM", choices=["gpt", "mlm"]),
+    vocab_size=dict(help="set from the data's meta.json when 0", min=0),
+    seq_len=dict(help="context length", min=2), n_layer=dict(help="blocks", min=1),
+    n_head=dict(help="attention heads", min=1), d_model=dict(help="width", min=8),
+    mlp_ratio=dict(help="FFN hidden / d_model", min=1),
+    tie_head=dict(help="tie LM head and token embedding"), bias=dict(help="biases in Linear layers"),
+    init_std=dict(help="init std of weights", min=0.0),
+)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=0))
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    techniques: dict = field(default_factory=dict)   # name -> technique config dataclass
+
+    def sections(self) -> dict[str, Any]:
+        return dict(model=self.model, data=self.data, optim=self.optim, train=self.train,
+                    **self.techniques)
+
+    def enabled(self) -> list[str]:
+        return [n for n, c in self.techniques.items() if getattr(c, "enabled", False)]
+
+    def to_dict(self) -> dict:
+        return {k: dataclasses.asdict(v) for k, v in self.sections().items()}
+
+
+def default_config() -> RunConfig:
+    from .techniques import REGISTRY
+    return RunConfig(techniques={name: t.Config() for name, t in REGISTRY.items()})
+
+
+# ----------------------------------------------------------------------------- validation
+def _meta(section: str, f: dataclasses.Field) -> dict:
+    if section == "model":
+        return MODEL_HELP.get(f.name, {})
+    return dict(f.metadata)
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check/convert one value against a field's annotated type."""
+    origin = typing.get_origin(typ)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        return None if value is None else _coerce(key, value, args[0])
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, e.g. [1, 2], got {value!r}")
+        (inner,) = typing.get_args(typ)[:1] or (Any,)
+        return [_coerce(key, v, inner) for v in value]
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if typ is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _check_range(key: str, value: Any, meta: dict) -> None:
+    lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices")
+    vals = value if isinstance(value, list) else [value]
+    for v in vals:
+        if choices is not None and v not in choices:
+            raise ConfigError(f"{key}={v!r} is not allowed; choose one of {choices}")
+        if lo is not None and v is not None and v < lo:
+            raise ConfigError(f"{key}={v!r} is below the minimum {lo}")
+        if hi is not None and v is not None and v > hi:
+            raise ConfigError(f"{key}={v!r} is above the maximum {hi}")
+
+
+def _update(section: str, obj: Any, values: dict) -> None:
+    if not isinstance(values, dict):
+        raise ConfigError(f"section '{section}' must be a mapping of key: value")
+    hints = typing.get_type_hints(type(obj))
+    by_name = {f.name: f for f in fields(obj)}
+    for k, v in values.items():
+        if k not in by_name:
+            raise ConfigError(f"unknown config key '{section}.{k}'; allowed: {', '.join(sorted(by_name))}")
+        key = f"{section}.{k}"
+        v = _coerce(key, v, hints[k])
+        _check_range(key, v, _meta(section, by_name[k]))
+        setattr(obj, k, v)
+
+
+def apply_dict(cfg: RunConfig, d: dict) -> RunConfig:
+    sections = cfg.sections()
+    for name, values in (d or {}).items():
+        if name not in sections:
+            raise ConfigError(f"unknown config section '{name}'; allowed: {', '.join(sections)}")
+        _update(name, sections[name], values)
+    validate(cfg)
+    return cfg
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """['--train.steps=50', '--pld.enabled=true'] -> {'train': {'steps': 50}, 'pld': {'enabled': True}}"""
+    out: dict = {}
+    for a in args:
+        if not a.startswith("--") or "=" not in a or "." not in a.split("=", 1)[0]:
+            raise ConfigError(f"bad override {a!r}; write --section.key=value, e.g. --train.steps=100")
+        key, raw = a[2:].split("=", 1)
+        section, name = key.split(".", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None,
+                extra: Optional[dict] = None) -> RunConfig:
+    """Defaults <- YAML file <- `extra` dict <- command-line overrides, validated."""
+    cfg = default_config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
+        try:
+            apply_dict(cfg, yaml.safe_load(p.read_text()) or {})
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if extra:
+        apply_dict(cfg, extra)
+    return apply_dict(cfg, parse_overrides(overrides or []))
+
+
+def validate(cfg: RunConfig) -> None:
+    m = cfg.model
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
+    if m.vocab_size and m.kind == "mlm" and m.vocab_size < 3:
+        raise ConfigError("model.vocab_size must be >= 3 for model.kind=mlm")
+    for name, c in cfg.techniques.items():
+        if hasattr(c, "validate"):
+            try:
+                c.validate()
+            except (ValueError, AssertionError) as e:
+                raise ConfigError(f"{name}: {e}") from None
+
+
+def help_text() -> str:
+    """Every option with its default and help, for `--help`."""
+    lines = []
+    for section, obj in default_config().sections().items():
+        lines.append(f"[{section}]")
+        for f in fields(obj):
+            meta = _meta(section, f)
+            extra = f" (one of {meta['choices']})" if meta.get("choices") else ""
+            lines.append(f"  --{section}.{f.name}={getattr(obj, f.name)!r:<14} {meta.get('help', '')}{extra}")
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""Token data for training: memory-mapped token files, batch sampling, MLM masking, seeds.
+
+On disk (written by data_scripts/, see data_scripts/tokenize_corpus.py), one folder per dataset:
+
+    train.bin, val.bin   token ids as uint16 (numpy `tofile`, no header), read here with np.memmap
+    tokenizer.json       BPE tokenizers only
+    meta.json            written last, so a folder with a valid meta.json is complete:
+                         {"format_version": 1, "tokenizer": "byte"|"bpe"|"gpt2", "vocab_size": 257,
+                          "mask_id": 256, "n_train": ..., "n_val": ..., "bytes_per_token": ...,
+                          "sha256": {"train.bin": ..., ...}, "created_by": "<command that rebuilds it>", ...}
+
+Randomness never comes from a global RNG: every draw takes a torch.Generator, and
+`generator_for(seed, step, micro_step, rank)` makes one that any process (or a resumed run)
+can rebuild from plain integers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+_ROOT = Path(__file__).resolve().parents[1]  # the repo, where data/ and data_scripts/ live
+
+
+class DataError(RuntimeError):
+    """Missing or broken data. The message is one line: what is wrong and the command that fixes it."""
+
+
+@dataclass
+class TokenData:
+    train: np.ndarray  # np.memmap uint16, (n_train,)
+    val: np.ndarray  # np.memmap uint16, (n_val,)
+    meta: dict
+    vocab_size: int  # from meta; every id is < vocab_size
+    mask_id: int | None  # id reserved for [MASK] (masked-LM), None if the tokenizer has none
+
+
+def _prepare_command(data_dir: Path) -> str:
+    """The data_scripts command that builds `data_dir` (used when there is no meta.json to ask)."""
+    name = data_dir.name
+    if m := re.fullmatch(r"shakespeare(?:_bpe(\d+))?", name):
+        cmd = "python data_scripts/prepare_shakespeare.py"
+        cmd += f" --tokenizer bpe --vocab-size {m[1]}" if m[1] else ""
+    elif m := re.fullmatch(r"(wikitext-103|openwebtext)_(byte|gpt2|bpe)(\d*)", name):
+        cmd = f"python data_scripts/prepare_hf.py --dataset {m[1]} --tokenizer {m[2]}"
+        cmd += f" --vocab-size {m[3]}" if m[3] else ""
+    else:  # an unknown folder name: build the default corpus into it
+        return f"python data_scripts/prepare_shakespeare.py --out {data_dir}"
+    # the scripts' default output is <repo>/data/<name>; anywhere else needs --out
+    return cmd if data_dir.resolve() == (_ROOT / "data" / name).resolve() else f"{cmd} --out {data_dir}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_token_data(data_dir: str | Path, verify: bool = True) -> TokenData:
+    """Open a token folder. verify=True also checks every file's sha256 (about 1 s per GB)."""
+    data_dir = Path(data_dir)
+    meta_path = data_dir / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"no token data in {data_dir}: run `{_prepare_command(data_dir)}`")
+    try:
+        meta = json.loads(meta_path.read_text())
+        fix = f"{meta.get('created_by') or _prepare_command(data_dir)} --force"
+        counts = {split: int(meta[f"n_{split}"]) for split in ("train", "val")}
+        vocab_size = int(meta["vocab_size"])
+    except (ValueError, AttributeError, KeyError, TypeError) as e:
+        raise DataError(f"unreadable {meta_path} ({type(e).__name__}: {e}): "
+                        f"run `{_prepare_command(data_dir)} --force`") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{meta_path} has format_version {meta.get('format_version')}, expected "
+                        f"{FORMAT_VERSION}: run `{fix}`")
+    splits = {}
+    for split, n in counts.items():
+        path = data_dir / f"{split}.bin"
+        if not path.is_file():
+            raise DataError(f"{path} is missing: run `{fix}`")
+        if (size := path.stat().st_size) != 2 * n:  # 2 bytes per uint16 token
+            raise DataError(f"{path} has {size} bytes, meta.json says {n} tokens = {2 * n} bytes: run `{fix}`")
+        if n == 0:
+            raise DataError(f"{path} is empty: rebuild it with more text, e.g. `{fix}`")
+        splits[split] = np.memmap(path, dtype=np.uint16, mode="r")
+    if verify:
+        for name, expected in meta.get("sha256", {}).items():
+            path = data_dir / name
+            if not path.is_file() or _sha256(path) != expected:
+                raise DataError(f"{path} is corrupt (sha256 differs from meta.json): run `{fix}`")
+    return TokenData(splits["train"], splits["val"], meta, vocab_size, meta.get("mask_id"))
+
+
+def _check_len(tokens: np.ndarray, seq_len: int) -> int:
+    n = len(tokens)
+    if n < seq_len + 2:
+        raise DataError(f"split has {n} tokens but seq_len={seq_len} needs at least {seq_len + 2}: "
+                        f"lower seq_len or use a bigger dataset")
+    return n
+
+
+def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """B random windows of T+1 tokens -> inputs x (B, T) and next-token targets y (B, T), int64."""
+    n = _check_len(tokens, seq_len)
+    # a window starting at i needs tokens[i : i+T+1], so i <= n-T-1
+    ix = torch.randint(n - seq_len, (batch_size,), generator=generator).tolist()
+    x = torch.from_numpy(np.stack([tokens[i:i + seq_len] for i in ix]).astype(np.int64))
+    y = torch.from_numpy(np.stack([tokens[i + 1:i + 1 + seq_len] for i in ix]).astype(np.int64))
+    return x, y
+
+
+def eval_windows(tokens: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
+    """n evenly spaced windows (n, T+1) int64, from the split's start to its end; no randomness,
+    so every evaluation of every run sees the same tokens. x = w[:, :-1], y = w[:, 1:]."""
+    if n < 1:
+        raise ValueError(f"eval_windows needs n >= 1, got {n}")
+    last = _check_len(tokens, seq_len) - seq_len - 1  # last valid start
+    starts = [k * last // max(n - 1, 1) for k in range(n)]
+    return torch.from_numpy(np.stack([tokens[i:i + seq_len + 1] for i in starts]).astype(np.int64))
+
+
+def mask_tokens(x: torch.Tensor, mask_id: int, vocab_size: int, generator: torch.Generator,
+                prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking of x (B, T): choose k = max(1, round(prob*T)) positions per row; of those
+    80% -> mask_id, 10% -> a random id != mask_id, 10% unchanged. Returns (inputs, labels);
+    labels hold the original id at chosen positions and -100 (ignored by cross_entropy) elsewhere."""
+    if not 0 <= mask_id < vocab_size:
+        raise ValueError(f"mask_id {mask_id} is not in [0, vocab_size={vocab_size})")
+    B, T = x.shape
+    k = max(1, round(prob * T))
+    # the k positions with the smallest random scores: exactly k per row, at least one
+    chosen_idx = torch.rand(B, T, generator=generator).argsort(dim=1)[:, :k]
+    chosen = torch.zeros(B, T, dtype=torch.bool).scatter_(1, chosen_idx, True)
+    action = torch.rand(B, T, generator=generator)  # < 0.8 mask, < 0.9 random, else keep
+    # random ids in [0, V-1), shifted past mask_id: uniform over the V-1 ids != mask_id
+    rand_ids = torch.randint(vocab_size - 1, (B, T), generator=generator)
+    rand_ids = rand_ids + (rand_ids >= mask_id).long()
+    inputs = x.clone()
+    inputs[chosen & (action < 0.8)] = mask_id
+    swap = chosen & (action >= 0.8) & (action < 0.9)
+    inputs[swap] = rand_ids[swap].to(x.dtype)
+    labels = torch.where(chosen, x, torch.full_like(x, -100))
+    return inputs, labels
+
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    # splitmix64 finaliser (Steele et al. 2014): a fixed bijection on 64-bit ints that mixes every bit
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def seed_for(*parts: int) -> int:
+    """Mix integers (seed, step, micro_step, rank, ...) into one 63-bit seed; order matters.
+    Plain arithmetic, so it is the same in every process, run and Python (unlike hash())."""
+    h = _splitmix64(len(parts))  # so (1,) and (1, 0) differ
+    for p in parts:
+        h = _splitmix64(h ^ (operator.index(p) & _M64))  # index(): ints only, no silent float truncation
+    return h >> 1  # 63 bits: a valid non-negative seed everywhere
+
+
+def generator_for(*parts: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed_for(*parts))

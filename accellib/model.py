@@ -1,0 +1,185 @@
+"""One pre-LN Transformer, used as a causal LM (GPT) or a masked LM (BERT-style).
+
+Parameter names follow nanoGPT / HF GPT-2 (`transformer.h.{i}.attn.c_attn`, ...), so a
+checkpoint of any accellib technique loads into the plain model and exports to GPT-2.
+
+Every technique that changes *what* a step computes does it through a `Plan`, read in the
+layer loop of `Transformer.forward`:
+
+    plan.blocks[i].run    False -> block i is skipped: y = x, nothing computed
+                                   (layer dropping: PLD, SBLD)
+    plan.blocks[i].scale  the residual branches of block i are multiplied by this
+                                   (1/p for PLD's unbiased gate)
+    plan.blocks[i].keep   (B, k) sorted token positions block i sees; the other tokens pass
+                                   through unchanged (random-LTD); None = all tokens
+
+`plan=None` is the plain model, and so is `Plan.full(n_layer)` (tested bitwise).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "gpt"          # "gpt" (causal LM) or "mlm" (bidirectional masked LM)
+    vocab_size: int = 257      # 256 bytes + [MASK]; set from the data's meta.json by the trainer
+    seq_len: int = 128         # context length (learned absolute positions)
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    mlp_ratio: int = 4         # FFN hidden = mlp_ratio * d_model
+    tie_head: bool = True      # tie LM head to the token embedding (multi-level needs False)
+    bias: bool = True
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass
+class BlockPlan:
+    run: bool = True
+    scale: float = 1.0
+    keep: Optional[torch.Tensor] = None   # (B, k) int64, sorted ascending, unique per row
+
+
+@dataclass
+class Plan:
+    blocks: list[BlockPlan] = field(default_factory=list)
+
+    @classmethod
+    def full(cls, n_layer: int) -> "Plan":
+        return cls([BlockPlan() for _ in range(n_layer)])
+
+    def executed(self) -> int:
+        return sum(b.run for b in self.blocks)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        assert cfg.d_model % cfg.n_head == 0, "d_model must be divisible by n_head"
+        self.n_head = cfg.n_head
+        self.causal = cfg.kind == "gpt"
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # Q, K, V stacked
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # Kept tokens are sorted by position, so the ordinary causal mask over the kept
+        # subsequence is exactly "attend to kept tokens at earlier positions".
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN block. With residual scale s (PLD's switchable block, Zhang & He 2020, §4):
+        h = x + s * Attn(LN1(x));   y = h + s * FFN(LN2(h))
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.attn = SelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        if scale == 1.0:  # keep the plain path free of an extra multiply (bitwise equal to plan=None)
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+        x = x + scale * self.attn(self.ln_1(x))
+        return x + scale * self.mlp(self.ln_2(x))
+
+
+def run_block(block: Block, x: torch.Tensor, bp: Optional[BlockPlan]) -> torch.Tensor:
+    """Apply one block under its plan entry: skip, scale, and/or a token subset."""
+    if bp is None:
+        return block(x)
+    if not bp.run:
+        return x  # skipped: exact identity, no compute, no gradient to the block's weights
+    if bp.keep is None:
+        return block(x, bp.scale)
+    # random-LTD: gather kept tokens -> block -> scatter back; the rest pass through unchanged
+    idx = bp.keep.unsqueeze(-1).expand(-1, -1, x.size(-1))      # (B, k, C)
+    sub = block(torch.gather(x, 1, idx), bp.scale)               # (B, k, C)
+    return x.scatter(1, idx, sub)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.kind not in ("gpt", "mlm"):
+            raise ValueError(f"model.kind={cfg.kind!r} is not one of 'gpt', 'mlm'")
+        self.cfg = cfg
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.vocab_size, cfg.d_model),
+            wpe=nn.Embedding(cfg.seq_len, cfg.d_model),
+            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+            ln_f=nn.LayerNorm(cfg.d_model),
+        ))
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_head:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.apply(self._init)
+        # GPT-2's scaled init of the residual output projections: std / sqrt(2 L)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, cfg.init_std / math.sqrt(2 * cfg.n_layer))
+
+    def _init(self, m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.transformer.h
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                plan: Optional[Plan] = None):
+        """idx (B, T) token ids -> logits (B, T, V); with targets (B, T), also the mean
+        cross-entropy over targets != -100 (ignored positions: MLM's unmasked tokens)."""
+        B, T = idx.shape
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence length {T} > model.seq_len={self.cfg.seq_len}")
+        if plan is not None and len(plan.blocks) != len(self.blocks):
+            raise ValueError(f"plan has {len(plan.blocks)} blocks, model has {len(self.blocks)}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)   # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = run_block(block, x, None if plan is None else plan.blocks[i])
+        logits = self.lm_head(self.transformer.ln_f(x))             # (B, T, V)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-100)
+        return logits, loss

@@ -1,0 +1,66 @@
+"""Run records: what a run was (config, code, environment) and what it measured, as JSON.
+Notebooks and benchmarks read them back; full-scale records are committed under results/."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("torch", "accelerate", "numpy", "matplotlib", "tokenizers")
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(accelerator=None) -> dict:
+    env = dict(python=sys.version.split()[0], platform=platform.platform(),
+               torch_threads=torch.get_num_threads(), git_commit=git_commit(),
+               versions={p: _version(p) for p in PACKAGES})
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    if accelerator is not None:
+        env.update(device=str(accelerator.device), num_processes=accelerator.num_processes,
+                   mixed_precision=str(accelerator.mixed_precision))
+    return env
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Atomic JSON write (temp file + rename): a crash never leaves half a record."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def write_record(out_dir: str | Path, config: dict, final: dict, accelerator=None, **extra) -> dict:
+    rec = dict(config=config, final=final, environment=environment(accelerator), **extra)
+    write_json(Path(out_dir) / "record.json", rec)
+    return rec
+
+
+def read_record(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / "record.json").read_text())
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]

@@ -1,0 +1,85 @@
+"""The hook points a technique plugs into. Every hook is a no-op here; a technique overrides
+the ones it needs. The trainer calls them in this order:
+
+    Technique(cfg, run_cfg)                 build from its config section
+    ddp_kwargs()                            -> DistributedDataParallelKwargs fields it needs
+    setup(trainer)                          after accelerator.prepare (profile, swap lr schedule, ...)
+    per optimizer step, per micro-batch:
+        update_plan(plan, step, micro_step)   fill the Plan in place (block gates, scales, kept tokens)
+        extra_loss(model, x, y, logits)        -> extra loss term or None
+    run_step(trainer, batches, plans)       -> list of micro-batch losses, or None for the standard
+                                               forward/backward loop (layered accumulation overrides it)
+    lr_factor(state)                        multiplies the LR schedule's value
+    step_end(trainer)                       after the optimizer step
+    metrics(state)                          extra fields for metrics.jsonl
+    should_stop(state)                      end training early (e.g. a LayerToken budget)
+    state_dict() / load_state_dict(d)       registered with Accelerate's save_state/load_state
+
+`plan_fields` names the BlockPlan fields a technique writes ("run", "scale", "keep"); two enabled
+techniques that write the same field cannot compose and the trainer says so.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class Technique:
+    name: str = ""
+    Config: type = object
+    plan_fields: tuple[str, ...] = ()
+    incompatible: tuple[str, ...] = ()   # other technique names it cannot run with
+
+    def __init__(self, cfg: Any, run_cfg: Any):
+        self.cfg = cfg
+        self.run_cfg = run_cfg
+
+    def ddp_kwargs(self) -> dict:
+        return {}
+
+    def setup(self, trainer: Any) -> None:
+        pass
+
+    def update_plan(self, plan: Any, step: int, micro_step: int) -> None:
+        pass
+
+    def extra_loss(self, model: Any, x: Any, y: Any, logits: Any) -> Optional[Any]:
+        return None
+
+    def run_step(self, trainer: Any, batches: list, plans: list) -> Optional[list]:
+        return None
+
+    def lr_factor(self, state: Any) -> float:
+        return 1.0
+
+    def step_end(self, trainer: Any) -> None:
+        pass
+
+    def metrics(self, state: Any) -> dict:
+        return {}
+
+    def should_stop(self, state: Any) -> bool:
+        return False
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+def check_composition(techniques: list[Technique]) -> None:
+    """Raise a one-line ValueError if two enabled techniques cannot run together."""
+    names = {t.name for t in techniques}
+    for t in techniques:
+        bad = names & set(t.incompatible)
+        if bad:
+            raise ValueError(f"{t.name} cannot be combined with {sorted(bad)[0]}; enable only one of them")
+    for i, a in enumerate(techniques):
+        for b in techniques[i + 1:]:
+            shared = set(a.plan_fields) & set(b.plan_fields)
+            if shared:
+                raise ValueError(f"{a.name} and {b.name} both decide the plan's '{sorted(shared)[0]}' "
+                                 f"for each block; enable only one of them")
+    if sum(type(t).run_step is not Technique.run_step for t in techniques) > 1:
+        raise ValueError("two enabled techniques both replace the step's forward/backward loop; "
+                         "enable only one of them")

@@ -1,0 +1,330 @@
+"""The one training loop (HuggingFace Accelerate), with named hook points for techniques.
+
+Per optimizer step t:
+    for each micro-batch m (data drawn from (seed, t, m, rank), plan from the techniques):
+        forward under the plan, loss (+ technique extra losses), backward (no DDP sync but the last)
+    clip, LR = schedule(state) * technique factors, AdamW step, counters, logs, eval, checkpoint.
+
+Everything random is a function of (seed, step, micro-step[, rank]), so every data-parallel
+rank draws the same plan and a run resumed at step k reproduces the uninterrupted run
+bitwise on CPU. See accellib/techniques/base.py for the hook points.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from . import flops as F
+from .config import RunConfig
+from .data import TokenData, eval_windows, generator_for, load_token_data, mask_tokens, sample_batch
+from .launch import make_accelerator
+from .model import Plan, Transformer
+from .schedules import WarmupCosine
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss became NaN); the message says what to change."""
+
+
+@dataclass
+class TrainState:
+    """Counters every metric and schedule is keyed on; checkpointed with the run."""
+    step: int = 0                # optimizer steps done
+    tokens: int = 0              # training tokens consumed, all processes
+    flops: float = 0.0           # analytic forward+backward FLOPs, all processes
+    layer_tokens: int = 0        # sum over blocks of tokens each block processed, all processes
+    blocks_run: int = 0          # executed blocks summed over micro-batches
+    micro_batches: int = 0
+    wall: float = 0.0            # seconds spent in training steps (eval/checkpoint excluded)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, d: dict) -> None:
+        for f in fields(self):
+            setattr(self, f.name, d[f.name])
+
+
+class _Stateful:
+    """Adapter so a technique's state is saved/loaded by Accelerate."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def state_dict(self):
+        return self.obj.state_dict()
+
+    def load_state_dict(self, d):
+        self.obj.load_state_dict(d)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not biases, LayerNorms, embeddings' positions stay decayed
+    as nanoGPT does: every >=2-D tensor is decayed)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, out_dir: Optional[str | Path] = None, *,
+                 data: Optional[TokenData] = None, model: Optional[torch.nn.Module] = None,
+                 accelerator=None):
+        self.cfg = cfg
+        t = cfg.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        from .techniques import build_techniques  # lazy: technique modules may import this module
+        self.techniques = build_techniques(cfg)
+        ddp = {}
+        for tech in self.techniques:
+            ddp.update(tech.ddp_kwargs())
+        self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision)
+        self.data = data if data is not None else load_token_data(cfg.data.path)
+        if cfg.model.vocab_size == 0:
+            cfg.model.vocab_size = self.data.vocab_size
+        if cfg.model.kind == "mlm" and self.data.mask_id is None:
+            raise TrainingError(f"model.kind=mlm needs a [MASK] id in {cfg.data.path}/meta.json; "
+                                "re-run data_scripts/prepare_shakespeare.py --force")
+        torch.manual_seed(t.seed)  # same init on every rank
+        model = model if model is not None else Transformer(cfg.model)
+        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+                                           betas=(cfg.optim.beta1, cfg.optim.beta2))
+        self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        self.state = TrainState()
+        self.lr_schedule = WarmupCosine(cfg.optim.lr, cfg.optim.warmup_steps, t.steps, cfg.optim.min_lr_ratio)
+        self.accelerator.register_for_checkpointing(self.state)
+        for tech in self.techniques:
+            self.accelerator.register_for_checkpointing(_Stateful(tech))
+        self.out = Path(out_dir) if out_dir is not None else None
+        self._eval = None
+        for tech in self.techniques:
+            tech.setup(self)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def raw_model(self) -> Transformer:
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's micro-batches of optimizer step `step`. Micro-batch m of rank r is global
+        micro-batch m * world + r, drawn from (seed, step, that index): so 2 processes x 1
+        micro-batch see exactly the data of 1 process x 2 micro-batches."""
+        t, out, acc = self.cfg.train, [], self.accelerator
+        for m in range(t.grad_accum):
+            g = generator_for(t.seed, step, m * acc.num_processes + acc.process_index)
+            x, y = sample_batch(self.data.train, t.batch_size, self.cfg.model.seq_len, g)
+            if self.cfg.model.kind == "mlm":
+                x, y = mask_tokens(x, self.data.mask_id, self.cfg.model.vocab_size, g, self.cfg.data.mlm_prob)
+            out.append((x.to(self.accelerator.device), y.to(self.accelerator.device)))
+        return out
+
+    def plan(self, step: int, micro_step: int) -> Plan:
+        """The plan of one micro-batch: the full model, then each technique fills its part.
+        Same on every rank (techniques draw from (seed, step, micro_step))."""
+        p = Plan.full(self.cfg.model.n_layer)
+        for tech in self.techniques:
+            tech.update_plan(p, step, micro_step)
+        return p
+
+    def forward_loss(self, x, y, plan: Optional[Plan]):
+        with self.accelerator.autocast():
+            logits, loss = self.model(x, y, plan=plan)
+            total = loss
+            for tech in self.techniques:
+                extra = tech.extra_loss(self.model, x, y, logits)
+                if extra is not None:
+                    total = total + extra
+        return loss, total
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> float:
+        cfg, st, acc = self.cfg, self.state, self.accelerator
+        self.model.train()
+        t0 = time.perf_counter()
+        batches = self.batches(st.step)
+        plans = [self.plan(st.step, m) for m in range(len(batches))]
+        losses = None
+        for tech in self.techniques:
+            losses = tech.run_step(self, batches, plans)
+            if losses is not None:
+                break
+        if losses is None:  # standard gradient accumulation
+            losses = []
+            for m, ((x, y), plan) in enumerate(zip(batches, plans)):
+                last = m == len(batches) - 1
+                with nullcontext() if last else acc.no_sync(self.model):
+                    loss, total = self.forward_loss(x, y, plan)
+                    acc.backward(total / len(batches))
+                losses.append(loss.detach())
+        loss = torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in losses]).mean()
+        loss = acc.reduce(loss.to(acc.device), "mean").item()  # the same number on every rank
+        if not math.isfinite(loss):
+            raise TrainingError(f"training loss is {loss} at step {st.step}; lower optim.lr "
+                                f"(now {cfg.optim.lr}) or raise optim.warmup_steps; no checkpoint was written")
+        if cfg.optim.grad_clip > 0:
+            acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+        lr = self.lr_schedule(st)
+        for tech in self.techniques:
+            lr *= tech.lr_factor(st)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
+        # counters (all processes: this rank's work x world size; plans are identical across ranks)
+        world, B, T = acc.num_processes, cfg.train.batch_size, cfg.model.seq_len
+        st.step += 1
+        st.tokens += world * B * T * len(batches)
+        st.flops += world * sum(F.train_step_flops(cfg.model, B, T, p) for p in plans)
+        st.layer_tokens += world * sum(F.layer_tokens(p, cfg.model.n_layer, B, T) for p in plans)
+        st.blocks_run += sum(p.executed() for p in plans)
+        st.micro_batches += len(plans)
+        st.wall += time.perf_counter() - t0
+        self.last_lr = lr
+        for tech in self.techniques:
+            tech.step_end(self)
+        return loss
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_loader(self):
+        if self._eval is None:
+            cfg = self.cfg
+            w = eval_windows(self.data.val, cfg.model.seq_len, cfg.train.eval_windows)  # (n, T+1)
+            x, y = w[:, :-1], w[:, 1:]
+            if cfg.model.kind == "mlm":  # fixed masking so every evaluation scores the same positions
+                x, y = mask_tokens(x, self.data.mask_id, cfg.model.vocab_size,
+                                   generator_for(cfg.train.seed, 2**31 - 1), cfg.data.mlm_prob)
+            ds = torch.utils.data.TensorDataset(x, y)
+            dl = torch.utils.data.DataLoader(ds, batch_size=cfg.train.batch_size, shuffle=False)
+            self._eval = self.accelerator.prepare_data_loader(dl)
+        return self._eval
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Full model (no plan), mean loss over the fixed validation windows of all ranks."""
+        self.model.eval()
+        sums, counts = [], []
+        for x, y in self._eval_loader():
+            with self.accelerator.autocast():
+                logits, _ = self.model(x)
+            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y,
+                                                    ignore_index=-100, reduction="none")  # (b, T)
+            valid = (y != -100).float()
+            sums.append((nll * valid).sum(1))
+            counts.append(valid.sum(1))
+        s = self.accelerator.gather_for_metrics(torch.cat(sums)).sum().item()
+        c = self.accelerator.gather_for_metrics(torch.cat(counts)).sum().item()
+        self.model.train()
+        val = s / c
+        bpt = self.data.meta.get("bytes_per_token", 1.0)
+        return dict(val_loss=val, val_bpb=val / math.log(2) / bpt)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def save(self) -> None:
+        """Write the full state to checkpoints/last atomically: save to a temp folder, then swap,
+        so a crash mid-save never destroys the previous checkpoint."""
+        acc, ck = self.accelerator, self.checkpoint_dir()
+        tmp, last, old = ck / ".tmp", ck / "last", ck / ".old"
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp), safe_serialization=False)  # torch.save keeps the tied head tied
+        acc.wait_for_everyone()
+        if self.is_main:
+            if last.exists():
+                last.rename(old)
+            tmp.rename(last)
+            shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()
+
+    def load(self, run_dir: Path) -> None:
+        ck = run_dir / "checkpoints"
+        src = ck / "last" if (ck / "last").exists() else ck / ".old"
+        if not src.exists():
+            raise TrainingError(f"no checkpoint in {ck}; start a new run without --resume")
+        self.accelerator.load_state(str(src))
+
+    # ------------------------------------------------------------------ the loop
+    def _log(self, rec: dict) -> None:
+        if self.is_main and self.out is not None:
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def _train_record(self, loss: float, window_tokens: int, window_wall: float) -> dict:
+        st = self.state
+        rec = dict(step=st.step, train_loss=round(loss, 5), lr=self.last_lr, tokens=st.tokens,
+                   flops=st.flops, layer_tokens=st.layer_tokens, wall=round(st.wall, 4),
+                   tok_per_s=round(window_tokens / max(window_wall, 1e-9), 1),
+                   blocks_per_micro_batch=round(st.blocks_run / max(1, st.micro_batches), 4))
+        for tech in self.techniques:
+            rec.update(tech.metrics(st))
+        return rec
+
+    def fit(self, resume: bool = False) -> dict:
+        """Train to cfg.train.steps (or a technique's stop), evaluating and checkpointing;
+        returns the final record. With resume=True, continue the run in self.out."""
+        cfg, st, t = self.cfg, self.state, self.cfg.train
+        if self.out is not None and self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.load(self.out)
+            if self.is_main:  # drop log lines written after the checkpoint
+                _truncate_metrics(self.out / "metrics.jsonl", st.step)
+        elif self.out is not None and self.is_main:
+            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            (self.out / "metrics.jsonl").write_text("")
+        self.accelerator.wait_for_everyone()
+        self.accelerator.print(f"accellib: {self.accelerator.num_processes} process(es) on "
+                               f"{self.accelerator.device}, techniques: {[x.name for x in self.techniques] or 'none'}")
+        bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
+                   desc="train", dynamic_ncols=True)
+        final = {}
+        acc_loss, n_loss, w_tok, w_wall = 0.0, 0, 0, 0.0
+        while st.step < t.steps and not any(x.should_stop(st) for x in self.techniques):
+            tok0, wall0 = st.tokens, st.wall
+            loss = self.train_step()
+            acc_loss, n_loss = acc_loss + loss, n_loss + 1
+            w_tok, w_wall = w_tok + st.tokens - tok0, w_wall + st.wall - wall0
+            bar.update(1)
+            done = st.step >= t.steps or any(x.should_stop(st) for x in self.techniques)
+            do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
+            if st.step % t.log_every == 0 or do_eval:
+                rec = self._train_record(acc_loss / n_loss, w_tok, w_wall)
+                acc_loss, n_loss, w_tok, w_wall = 0.0, 0, 0, 0.0
+                if do_eval:
+                    rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
+                    bar.set_postfix(val=f"{rec['val_loss']:.3f}")
+                self._log(rec)
+                final = rec
+            if self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
+                self.save()
+        bar.close()
+        if not final or final.get("step") != st.step or "val_loss" not in final:
+            final = dict(self._train_record(float("nan"), 0, 1.0), **self.evaluate())
+        return final
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    path.write_text("".join(ln + "\n" for ln in keep))

@@ -1,0 +1,293 @@
+"""Turn text into the token files that `accellib.data` reads.
+
+On disk, a token dataset is one folder:
+
+    train.bin, val.bin   token ids, uint16, native byte order (numpy `tofile`), no header
+    tokenizer.json       only for BPE-style tokenizers (HF `tokenizers` format)
+    meta.json            written LAST: format_version, source, tokenizer, vocab_size, mask_id,
+                         n_train, n_val, bytes_per_token, sha256 of every file, created_by
+
+Every file is written to a temporary name in the same folder, fsynced, then moved into place
+with `os.replace`. If anything fails before the last move, the files already moved are put back,
+so the folder keeps its old complete dataset (or stays empty) and no temporary file is left.
+
+Tokenizers:
+  byte  ids 0..255 are the UTF-8 bytes; id 256 is reserved for [MASK]  -> vocab_size 257
+  bpe   small byte-level BPE trained here (ByteLevel pre-tokenizer/decoder, special [MASK])
+  gpt2  (prepare_hf.py only) GPT-2's 50257 tokens; id 50257 is reserved for [MASK]
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+FORMAT_VERSION = 1
+BYTE_VOCAB = 256  # byte ids 0..255; id 256 is [MASK]
+MASK_TOKEN = "[MASK]"
+SPLITS = ("train", "val")
+
+
+# ----------------------------------------------------------------------------- text -> ids
+
+def split_text(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
+    """Deterministic split by character: the last `val_fraction` of the text is validation."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    cut = len(text) - int(len(text) * val_fraction)
+    return text[:cut], text[cut:]
+
+
+# Chunk boundaries for BPE encoding: right after a newline that sits between two non-space
+# characters ("x\ny"). There the GPT-2 pre-tokenizer regex splits the same way with or without
+# the cut, so encoding chunk by chunk gives exactly the ids of encoding the whole text at once.
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+
+
+def _text_chunks(text: str, chunk_chars: int) -> Iterable[str]:
+    start = 0
+    while start < len(text):
+        m = _SAFE_CUT.search(text, start + chunk_chars) if start + chunk_chars < len(text) else None
+        end = m.start() if m else len(text)
+        yield text[start:end]
+        start = end
+
+
+def encode_text(text: str, tokenizer_kind: str, tokenizer_obj=None, chunk_chars: int = 1 << 16) -> np.ndarray:
+    """Encode text to a uint16 array. "byte": UTF-8 bytes; "bpe"/"gpt2": `tokenizer_obj.encode`."""
+    if tokenizer_kind == "byte":
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+    if tokenizer_kind not in ("bpe", "gpt2"):
+        raise ValueError(f"unknown tokenizer {tokenizer_kind!r}: use byte, bpe or gpt2")
+    if tokenizer_obj is None:
+        raise ValueError(f"tokenizer {tokenizer_kind!r} needs tokenizer_obj (a tokenizers.Tokenizer)")
+    if tokenizer_obj.get_vocab_size() > 65536:
+        raise ValueError(f"vocab of {tokenizer_obj.get_vocab_size()} does not fit uint16")
+    chunks = list(_text_chunks(text, chunk_chars))
+    parts = [np.asarray(e.ids, dtype=np.uint16)
+             for i in range(0, len(chunks), 32)  # batches of chunks: encode_batch uses all cores
+             for e in tokenizer_obj.encode_batch(chunks[i:i + 32], add_special_tokens=False)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+
+
+def train_bpe(text: str | Iterable[str], vocab_size: int):
+    """A small byte-level BPE (GPT-2 style) with a [MASK] special token, trained on `text`
+    (a string, or an iterable of strings such as dataset rows, which is streamed)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if not BYTE_VOCAB + 1 < vocab_size <= 65536:
+        raise ValueError(f"BPE vocab_size must be in ({BYTE_VOCAB + 1}, 65536] "
+                         f"(256 bytes + [MASK] + merges), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[MASK_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: nothing is ever unknown
+        show_progress=False,
+    )
+    texts = _text_chunks(text, 1 << 16) if isinstance(text, str) else iter(text)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def mask_id_and_vocab(tokenizer_kind: str, tokenizer_obj=None) -> tuple[int, int]:
+    """(mask_id, vocab_size) for the meta: the tokenizer's [MASK], or one extra id after its vocab."""
+    if tokenizer_kind == "byte":
+        return BYTE_VOCAB, BYTE_VOCAB + 1
+    n = tokenizer_obj.get_vocab_size()
+    mid = tokenizer_obj.token_to_id(MASK_TOKEN)
+    return (mid, n) if mid is not None else (n, n + 1)
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _Staged:
+    """A file being written under a temporary name in its final folder; hashes what it writes."""
+
+    def __init__(self, out_dir: Path, name: str):
+        self.name, self.n_bytes, self.sha = name, 0, hashlib.sha256()
+        self.tmp = out_dir / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.f = open(self.tmp, "xb")
+
+    def write(self, data) -> None:
+        data = memoryview(data).cast("B")  # numpy arrays and bytes alike
+        self.f.write(data)
+        self.sha.update(data)
+        self.n_bytes += len(data)
+
+    def close(self) -> None:
+        if not self.f.closed:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+
+    def discard(self) -> None:
+        if not self.f.closed:
+            self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not possible on some platforms (Windows); the data files were fsynced
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit(out_dir: Path, staged: list[_Staged]) -> None:
+    """Move staged files into place in order (meta.json last); on failure, restore the old files."""
+    moved = []  # (final path, the old file under a temporary name, or None if there was none)
+    try:
+        for s in staged:
+            s.close()
+            dst = out_dir / s.name
+            old, linked = None, False
+            if dst.exists():
+                old = out_dir / f".{s.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                try:
+                    os.link(dst, old)  # keep the old file reachable until the whole set is in place
+                    linked = True
+                except OSError:  # no hard links on this filesystem: move it aside instead
+                    os.replace(dst, old)
+            try:
+                os.replace(s.tmp, dst)
+            except BaseException:
+                if old is not None and linked:
+                    old.unlink(missing_ok=True)  # dst is still the old file
+                elif old is not None:
+                    os.replace(old, dst)
+                raise
+            moved.append((dst, old))
+    except BaseException:
+        for dst, old in reversed(moved):  # put the previous dataset back as it was
+            if old is not None:
+                os.replace(old, dst)
+            else:
+                dst.unlink(missing_ok=True)
+        raise
+    finally:
+        for s in staged:
+            s.discard()
+    for _, old in moved:
+        if old is not None:
+            old.unlink(missing_ok=True)
+    _fsync_dir(out_dir)
+
+
+def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray], val_chunks: Iterable[np.ndarray],
+                        meta_extra: dict | Callable[[int, int], dict],
+                        extra_files: dict[str, bytes] | None = None) -> Path:
+    """Stream uint16 id chunks into train.bin/val.bin (never all in memory), then write meta.json.
+
+    `meta_extra` may be a callable meta_extra(n_train, n_val) -> dict, called once both streams are
+    consumed (so it can report what was counted while streaming, e.g. characters per token)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[_Staged] = []
+    try:
+        counts = {}
+        for split, chunks in zip(SPLITS, (train_chunks, val_chunks)):
+            s = _Staged(out_dir, f"{split}.bin")
+            staged.append(s)
+            for ids in chunks:
+                ids = np.ascontiguousarray(ids)
+                if ids.dtype != np.uint16:
+                    raise TypeError(f"{split} ids must be uint16, got {ids.dtype}")
+                s.write(ids)
+            counts[split] = s.n_bytes // 2
+        for name, data in (extra_files or {}).items():
+            s = _Staged(out_dir, name)
+            staged.append(s)
+            s.write(data)
+        extra = meta_extra(counts["train"], counts["val"]) if callable(meta_extra) else dict(meta_extra)
+        meta = {"format_version": FORMAT_VERSION, **extra, "dtype": "uint16",
+                "n_train": counts["train"], "n_val": counts["val"],
+                "sha256": {s.name: s.sha.hexdigest() for s in staged}}
+        if meta.get("vocab_size", 0) > 65536:
+            raise ValueError(f"vocab_size {meta['vocab_size']} does not fit uint16")
+        s = _Staged(out_dir, "meta.json")
+        staged.append(s)
+        s.write((json.dumps(meta, indent=2) + "\n").encode())
+        _commit(out_dir, staged)  # meta.json last: a folder with a valid meta is complete
+    except BaseException:
+        for s in staged:
+            s.discard()
+        raise
+    return out_dir
+
+
+def write_token_dataset(out_dir: str | Path, train_ids: np.ndarray, val_ids: np.ndarray, meta_extra: dict,
+                        extra_files: dict[str, bytes] | None = None) -> Path:
+    """Atomically write train.bin, val.bin (uint16), optional extra files, then meta.json."""
+    return write_token_streams(out_dir, [np.asarray(train_ids)], [np.asarray(val_ids)], meta_extra, extra_files)
+
+
+def read_meta(out_dir: str | Path) -> dict | None:
+    try:
+        return json.loads((Path(out_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_up_to_date(out_dir: str | Path, expect: dict) -> bool:
+    """True when meta.json has every `expect` key/value and every file's size and sha256 verify."""
+    out_dir, meta = Path(out_dir), read_meta(out_dir)
+    if not meta or meta.get("format_version") != FORMAT_VERSION:
+        return False
+    if any(meta.get(k) != v for k, v in expect.items()):
+        return False
+    try:
+        for split in SPLITS:
+            if (out_dir / f"{split}.bin").stat().st_size != 2 * meta[f"n_{split}"]:
+                return False
+        return all(sha256_file(out_dir / name) == h for name, h in meta["sha256"].items())
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- one call
+
+def prepare(raw_text: str, out_dir: str | Path, tokenizer: str = "byte", vocab_size: int = 1024, *,
+            force: bool = False, val_fraction: float = 0.1, source: dict | None = None,
+            created_by: str | None = None) -> tuple[Path, bool]:
+    """Split, (train BPE on train only,) encode and write `raw_text`. Returns (out_dir, written);
+    written is False when the folder already holds exactly this dataset and `force` is False."""
+    text_sha = hashlib.sha256(raw_text.encode("utf-8")).hexdigest()
+    expect = {"tokenizer": tokenizer, "text_sha256": text_sha, "val_fraction": val_fraction,
+              "requested_vocab_size": vocab_size if tokenizer == "bpe" else None}
+    if not force and is_up_to_date(out_dir, expect):
+        return Path(out_dir), False
+    train_text, val_text = split_text(raw_text, val_fraction)
+    tok, extra_files = None, None
+    if tokenizer == "bpe":
+        tok = train_bpe(train_text, vocab_size)
+        extra_files = {"tokenizer.json": tok.to_str().encode("utf-8")}
+    elif tokenizer != "byte":
+        raise ValueError(f"unknown tokenizer {tokenizer!r}: use byte or bpe")
+    train_ids, val_ids = encode_text(train_text, tokenizer, tok), encode_text(val_text, tokenizer, tok)
+    mask_id, n_vocab = mask_id_and_vocab(tokenizer, tok)
+    meta = {"source": source or {"name": "raw text", "sha256": None}, **expect,
+            "vocab_size": n_vocab, "mask_id": mask_id,
+            "bytes_per_token": len(val_text) / max(len(val_ids), 1),  # characters per token, val split
+            "created_by": created_by or "data_scripts.tokenize_corpus.prepare(...)"}
+    return write_token_dataset(out_dir, train_ids, val_ids, meta, extra_files), True

@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny synthetic corpus written through the real data-prep code, and a
+tiny config that trains in a fraction of a second per step."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from accellib.config import load_config
+
+torch.set_num_threads(1)
+
+
+def synthetic_text(n_chars: int = 60_000, seed: int = 0) -> str:
+    """Pseudo-English with learnable structure (a few hundred words, Zipf-ish frequencies)."""
+    rng = random.Random(seed)
+    syll = ["the", "and", "to", "of", "a", "in", "my", "is", "that", "lord", "king", "love", "thou",
+            "me", "what", "be", "with", "not", "his", "your", "shall", "sir", "good", "come"]
+    words = [rng.choice(syll) + rng.choice(["", "s", "ed", "eth", "ly"]) for _ in range(300)]
+    out, n = [], 0
+    while n < n_chars:
+        line = " ".join(words[min(int(rng.paretovariate(1.2)) - 1, 299)] for _ in range(rng.randint(4, 10)))
+        line = line.capitalize() + rng.choice([".", ",", "!", "?"]) + "\n"
+        out.append(line)
+        n += len(line)
+    return "".join(out)[:n_chars]
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory):
+    from data_scripts.tokenize_corpus import encode_text, split_text, write_token_dataset
+    text = synthetic_text()
+    train, val = split_text(text)
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    write_token_dataset(out, encode_text(train, "byte"), encode_text(val, "byte"),
+                        dict(tokenizer="byte", vocab_size=257, mask_id=256,
+                             bytes_per_token=1.0, created_by="python data_scripts/prepare_shakespeare.py",
+                             source=dict(name="synthetic")))
+    return out
+
+
+def tiny_overrides(data_dir, **kw) -> list[str]:
+    base = {"data.path": str(data_dir), "model.n_layer": 4, "model.d_model": 32, "model.n_head": 2,
+            "model.seq_len": 32, "train.batch_size": 8, "train.steps": 6, "train.eval_every": 3,
+            "train.eval_windows": 8, "train.log_every": 1, "train.progress": False,
+            "optim.warmup_steps": 2}
+    base.update(kw)
+    return [f"--{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def tiny_cfg(tiny_data_dir):
+    def make(**kw):
+        return load_config(None, tiny_overrides(tiny_data_dir, **kw))
+    return make

