@@ -49,3 +49,25 @@ def test_help_lists_every_option_with_default():
 def test_parse_overrides_types():
     d = parse_overrides(["--a.b=[1, 2]", "--a.c=true", "--a.d=x"])
     assert d == {"a": {"b": [1, 2], "c": True, "d": "x"}}
+
+
+def test_incompatible_techniques_fail_with_one_line_error():
+    from accellib.techniques.base import Technique, check_composition
+
+    class A(Technique):
+        name, plan_fields = "a", ("run", "scale")
+
+    class B(Technique):
+        name, plan_fields = "b", ("run",)
+
+    class C(Technique):
+        name, plan_fields = "c", ("keep",)
+
+    class D(Technique):
+        name, incompatible = "d", ("c",)
+
+    check_composition([A(None, None), C(None, None)])          # different plan fields compose
+    with pytest.raises(ConfigError, match="a and b both decide the plan's 'run'"):
+        check_composition([A(None, None), B(None, None)])
+    with pytest.raises(ConfigError, match="d cannot be combined with c"):
+        check_composition([C(None, None), D(None, None)])

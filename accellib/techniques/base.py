@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..config import ConfigError
+
 
 class Technique:
     name: str = ""
@@ -68,18 +70,18 @@ class Technique:
 
 
 def check_composition(techniques: list[Technique]) -> None:
-    """Raise a one-line ValueError if two enabled techniques cannot run together."""
+    """Raise a one-line ConfigError if two enabled techniques cannot run together."""
     names = {t.name for t in techniques}
     for t in techniques:
         bad = names & set(t.incompatible)
         if bad:
-            raise ValueError(f"{t.name} cannot be combined with {sorted(bad)[0]}; enable only one of them")
+            raise ConfigError(f"{t.name} cannot be combined with {sorted(bad)[0]}; enable only one of them")
     for i, a in enumerate(techniques):
         for b in techniques[i + 1:]:
             shared = set(a.plan_fields) & set(b.plan_fields)
             if shared:
-                raise ValueError(f"{a.name} and {b.name} both decide the plan's '{sorted(shared)[0]}' "
+                raise ConfigError(f"{a.name} and {b.name} both decide the plan's '{sorted(shared)[0]}' "
                                  f"for each block; enable only one of them")
     if sum(type(t).run_step is not Technique.run_step for t in techniques) > 1:
-        raise ValueError("two enabled techniques both replace the step's forward/backward loop; "
+        raise ConfigError("two enabled techniques both replace the step's forward/backward loop; "
                          "enable only one of them")
