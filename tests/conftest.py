@@ -12,6 +12,15 @@ from accellib.config import load_config
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Each test starts without Accelerate's process-wide singleton state, so a later
+    debug_launcher/notebook_launcher in the same pytest worker can start processes."""
+    yield
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def synthetic_text(n_chars: int = 60_000, seed: int = 0) -> str:
     """Pseudo-English with learnable structure (a few hundred words, Zipf-ish frequencies)."""
     rng = random.Random(seed)
