@@ -1,0 +1,50 @@
+"""Progressive Layer Dropping (PLD). Zhang & He, "Accelerating Training of Transformer-Based
+Language Models with Progressive Layer Dropping", NeurIPS 2020 (arXiv 2010.13369), §4.
+
+Whole blocks are skipped at random, per micro-batch, with a keep probability that falls over
+time (to a floor theta_bar) and over depth (deeper blocks are dropped more):
+
+    theta(t) = (1 - theta_bar) * exp(-gamma * t) + theta_bar          t = optimizer step
+    p_l(t)   = 1 - (l / L) * (1 - theta(t))                           l = 1..L (paper)
+    E[executed blocks] = L - (1 - theta)(L + 1) / 2
+
+Kept blocks' residual branches are scaled by 1/p_l in training, eval runs the full model.
+The gate, scaling, DDP and zero-fill machinery is shared with SBLD in `_layer_drop_common.py`.
+
+    python -m accellib.train --config configs/pld_tiny.yaml --out runs/pld
+
+theta is a pure function of the step counter (checkpointed by the trainer), so a resumed run
+continues the schedule exactly; the running expected-block/FLOP sums are checkpointed here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import opt
+from . import register
+from ._layer_drop_common import LayerDropTechnique, depth_keep_probs, pld_theta
+
+
+@dataclass
+class PLDConfig:
+    enabled: bool = opt(False, "Progressive Layer Dropping (Zhang & He 2020)")
+    theta_bar: float = opt(0.5, "floor of the global keep ratio theta(t)", min=0.05, max=1.0)
+    gamma: float = opt(0.001, "decay rate of theta(t) per optimizer step (DeepSpeed default 0.001; "
+                              "tiny runs: about 10/train.steps)", min=0.0)
+    convention: str = opt("paper", "depth schedule: paper (l=1..L), code (l=0..L-1, first block always "
+                                   "kept), uniform (ablation: p_l = theta)", choices=["paper", "code", "uniform"])
+    scale_by_inverse_p: bool = opt(True, "scale kept residual branches by 1/p_l (unbiased); false = ablation")
+    zero_fill: bool = opt(False, "give skipped blocks zero gradients as DeepSpeed did (AdamW momentum and "
+                                 "weight decay then still move them); default: no update")
+
+
+@register
+class ProgressiveLayerDrop(LayerDropTechnique):
+    name = "pld"
+    Config = PLDConfig
+
+    def theta(self, step: int) -> float:
+        return pld_theta(step, self.cfg.theta_bar, self.cfg.gamma)
+
+    def keep_probs(self, step: int) -> list[float]:
+        return depth_keep_probs(self.theta(step), self.n_layer, self.cfg.convention)
