@@ -1,0 +1,188 @@
+"""Random-LTD: random and layerwise token dropping, with the LayerToken learning-rate schedule.
+
+Yao, Wu, Li, Holmes, Zhang, Li & He, "Random-LTD: Random and Layerwise Token Dropping Brings
+Efficient Training for Large-scale Transformers", arXiv 2211.11586 (2022).
+  §3.1  every *middle* block (all but the first and the last) sees only a random subset of r of
+        the S tokens of each sample, drawn independently per block and per sample; the other
+        tokens skip the block unchanged (no rescaling). The first and last blocks see all tokens,
+        so the loss is computed on every position.
+  §3.2  MSLG (monotonic sequence length growth): r grows linearly from r_min to S.
+  §3.3 / App. C  LayerTokens (tokens each block processed, summed over blocks) drive the LR
+        warm-up, the decay, and the stopping budget, so runs compare at equal compute.
+
+Four parts, as every accellib technique:
+  RandomLTDConfig    the `random_ltd:` config section
+  ReservedLength     r(t), the MSLG schedule (multiple of q, never below r_min, never 0)
+  LayerTokenLR       warm-up + cosine keyed by consumed LayerTokens
+  keep_indices()     the mechanism: sorted random subsets, written into plan.blocks[i].keep;
+                     the model's `run_block` gathers them, runs the block, scatters back.
+
+Why sorting is enough for a causal model: the block runs on the gathered (B, r, C) tensor with
+the ordinary causal mask; since kept positions are ascending, "earlier in the gathered tensor"
+is "earlier in the original sequence", so a kept token attends exactly to the kept tokens at
+earlier positions. Positions stay the original ones: the learned position embedding is added to
+each token before block 0 and travels with it.
+
+Padding (MLM with padded batches). Our data is packed, so there is no padding. With a per-sample
+padding mask pad (B, S) (True = real token), a dropped block needs the *kept* part of it:
+`kept_key_mask(pad, keep)` gives the (B, 1, 1, r) key mask for the gathered tokens (DeepSpeed
+gathers the encoder mask along both axes; along the query axis nothing is needed because padded
+queries are ignored by the loss anyway). The model's attention would take it as `attn_mask`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..config import ConfigError, opt
+from ..data import generator_for
+from . import register
+from .base import Technique
+
+_TAG = 0x17D  # separates random-LTD's draws from the data sampler's (seed, step, micro) stream
+
+
+@dataclass
+class RandomLTDConfig:
+    enabled: bool = opt(False, "drop tokens in the middle blocks (random-LTD)")
+    min_len: int = opt(16, "r_min: kept tokens per sample at step 0 (rounded up to a multiple of step_len)", min=1)
+    step_len: int = opt(8, "q: the kept length is a multiple of this (the paper's seq_per_step)", min=1)
+    ramp_steps: int = opt(0, "T_r: optimizer steps for r to grow from min_len to the full length; "
+                             "0 = 60% of train.steps (or of budget_steps when set)", min=0)
+    layers: list[int] = opt([], "blocks that drop tokens; [] = the middle blocks 1..n_layer-2")
+    layer_token_lr: bool = opt(False, "key LR warm-up/decay by consumed LayerTokens instead of steps")
+    budget_steps: int = opt(0, "stop once LayerTokens reach this many full-length (baseline) steps' "
+                               "worth; also the LayerToken LR's decay end. 0 = stop at train.steps", min=0)
+
+    def validate(self) -> None:
+        if any((not isinstance(i, int)) or i < 0 for i in self.layers):
+            raise ValueError(f"layers must be block indices >= 0, got {self.layers}")
+
+
+class ReservedLength:
+    """MSLG, the paper's "fixed_linear" schedule (§3.2):
+
+        r(t) = min(S, max(r0, q * floor((r_min + (t / T_r) * (S - r_min)) / q)))
+        r0   = q * ceil(r_min / q)     the first multiple of q >= r_min
+
+    The clamp at r0 avoids rounding below the minimum, even to 0 (DeepSpeed PR #8529); at the end
+    of the ramp r = S exactly, also when S is not a multiple of q (flooring would stop short)."""
+
+    def __init__(self, min_len: int, full_len: int, step_len: int, ramp_steps: int):
+        if not 1 <= min_len <= full_len:
+            raise ConfigError(f"random_ltd.min_len={min_len} must be in [1, model.seq_len={full_len}]")
+        self.min_len, self.full_len, self.q, self.ramp = min_len, full_len, step_len, max(1, ramp_steps)
+
+    def __call__(self, step: int) -> int:
+        r0 = self.q * math.ceil(self.min_len / self.q)
+        lin = self.min_len + min(1.0, step / self.ramp) * (self.full_len - self.min_len)
+        if lin >= self.full_len:  # end of the ramp: full length even when S is not a multiple of q
+            return self.full_len
+        return min(self.full_len, max(r0, self.q * int(lin // self.q)))
+
+    def state_dict(self) -> dict:
+        return dict(min_len=self.min_len, full_len=self.full_len, step_len=self.q, ramp_steps=self.ramp)
+
+
+class LayerTokenLR:
+    """Warm-up then cosine decay keyed by consumed LayerTokens (Yao et al. 2022, App. C).
+
+    With P = LayerTokens of one full-length step (all processes), s = layer_tokens / P counts
+    "baseline-equivalent steps"; then
+        lr(s) = lr * min(1, (s + 1) / warmup)                               s < warmup
+        lr(s) = lr * (m + (1 - m) * (1 + cos(pi * u)) / 2),  u = (s - warmup) / (total - warmup)
+    which is the trainer's step schedule (WarmupCosine) exactly when nothing is dropped (s = t).
+    Dropping tokens slows s down, so warm-up and decay stretch over more optimizer steps."""
+
+    def __init__(self, lr: float, warmup: int, total: int, min_ratio: float, lt_per_step: int):
+        self.lr, self.warmup, self.total, self.min_ratio, self.P = lr, warmup, total, min_ratio, lt_per_step
+
+    def at(self, layer_tokens: int) -> float:
+        s = layer_tokens / self.P
+        if s < self.warmup:
+            return self.lr * min(1.0, (s + 1) / self.warmup)
+        u = min(1.0, (s - self.warmup) / max(1, self.total - self.warmup))
+        return self.lr * (self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * u)))
+
+    def __call__(self, state) -> float:
+        return self.at(state.layer_tokens)
+
+
+def keep_indices(batch: int, seq_len: int, r: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, r) int64: per sample, a uniform random r-subset of range(seq_len), sorted ascending."""
+    # the r positions with the smallest uniform scores form a uniform random subset
+    scores = torch.rand(batch, seq_len, generator=generator)
+    return scores.topk(r, dim=1, largest=False).indices.sort(dim=1).values
+
+
+def kept_key_mask(pad: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Padding mask of the gathered tokens: pad (B, S) bool (True = real token), keep (B, r)
+    -> (B, 1, 1, r) bool, broadcastable to SDPA's (B, heads, r, r) attn_mask."""
+    return pad.gather(1, keep)[:, None, None, :]
+
+
+@register
+class RandomLTD(Technique):
+    name = "random_ltd"
+    Config = RandomLTDConfig
+    plan_fields = ("keep",)
+
+    def __init__(self, cfg: RandomLTDConfig, run_cfg):
+        super().__init__(cfg, run_cfg)
+        m, t = run_cfg.model, run_cfg.train
+        if m.n_layer < 3 and not cfg.layers:
+            raise ConfigError(f"random_ltd needs model.n_layer >= 3 (the first and last blocks keep all "
+                              f"tokens), got {m.n_layer}; or list random_ltd.layers explicitly")
+        self.layers = sorted(set(cfg.layers)) if cfg.layers else list(range(1, m.n_layer - 1))
+        if self.layers[-1] >= m.n_layer:
+            raise ConfigError(f"random_ltd.layers={cfg.layers} has a block >= model.n_layer={m.n_layer}")
+        if cfg.budget_steps and t.steps < cfg.budget_steps:
+            raise ConfigError(f"train.steps={t.steps} is the step cap of a LayerToken-budget run and must be "
+                              f">= random_ltd.budget_steps={cfg.budget_steps} (the paper uses about 2x)")
+        horizon = cfg.budget_steps or t.steps
+        ramp = cfg.ramp_steps or max(1, round(0.6 * horizon))
+        self.schedule = ReservedLength(cfg.min_len, m.seq_len, cfg.step_len, ramp)
+        self.device = torch.device("cpu")
+        self.last_r = self.schedule(0)
+        self.lt_per_step = 0  # set in setup, when the world size is known
+
+    def setup(self, trainer) -> None:
+        c, m, t, o = self.cfg, self.run_cfg.model, self.run_cfg.train, self.run_cfg.optim
+        self.device = trainer.accelerator.device
+        # LayerTokens of one full-length optimizer step, all processes
+        self.lt_per_step = trainer.accelerator.num_processes * t.grad_accum * t.batch_size * m.seq_len * m.n_layer
+        if c.layer_token_lr:
+            trainer.lr_schedule = LayerTokenLR(o.lr, o.warmup_steps, c.budget_steps or t.steps,
+                                               o.min_lr_ratio, self.lt_per_step)
+
+    def update_plan(self, plan, step: int, micro_step: int) -> None:
+        r = self.last_r = self.schedule(step)
+        S, B = self.run_cfg.model.seq_len, self.run_cfg.train.batch_size
+        if r >= S:
+            return  # full length: no gather/scatter at all (bitwise the plain model)
+        seed = self.run_cfg.train.seed
+        for i in self.layers:
+            g = generator_for(seed, step, micro_step, _TAG, i)  # independent per (step, micro, layer)
+            plan.blocks[i].keep = keep_indices(B, S, r, g).to(self.device)
+
+    def should_stop(self, state) -> bool:
+        budget = self.cfg.budget_steps * self.lt_per_step
+        return bool(budget) and state.layer_tokens >= budget
+
+    def metrics(self, state) -> dict:
+        out = dict(ltd_keep=self.last_r)
+        if self.lt_per_step:
+            out["ltd_equiv_steps"] = round(state.layer_tokens / self.lt_per_step, 4)
+        return out
+
+    def state_dict(self) -> dict:
+        return dict(schedule=self.schedule.state_dict(), layers=self.layers, last_r=self.last_r)
+
+    def load_state_dict(self, d: dict) -> None:
+        if d["schedule"] != self.schedule.state_dict() or list(d["layers"]) != self.layers:
+            raise ConfigError(f"the checkpoint's random_ltd schedule {d['schedule']} (layers {d['layers']}) "
+                              f"differs from this config's; resume with the same random_ltd settings")
+        self.last_r = d["last_r"]
