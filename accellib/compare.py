@@ -61,11 +61,10 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
         cfg = load_config(None, None, extra=base)
         apply_dict(cfg, all_arms[name] or {})
         apply_dict(cfg, cli)
-        if overwrite:  # the user asked to replace earlier runs of these arms
-            from accelerate.state import PartialState
-            if PartialState().is_main_process:
-                shutil.rmtree(Path(out) / name, ignore_errors=True)
-            PartialState().wait_for_everyone()
+        if overwrite:  # the user asked to replace earlier runs of these arms. Every rank deletes
+            # (races are ignored): no Accelerate state may exist yet, and the first collective in
+            # the trainer orders these deletions before any rank writes the new run.
+            shutil.rmtree(Path(out) / name, ignore_errors=True)
         results[name] = training_function(cfg, Path(out) / name)
     return results
 

@@ -59,3 +59,37 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", cp
                       kwargs_handlers=handlers, **kwargs)
     check_world_size(acc.num_processes)
     return acc
+
+
+def _child(rank: int, fn, args: tuple, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ACCELERATE_USE_CPU="true")
+    torch.set_num_threads(1)  # first: a forked child of a multi-threaded parent can hang in OpenMP
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)  # never inherit the parent's 1-process state
+    fn(*args)
+
+
+def launch_processes(fn, args: tuple = (), num_processes: int = 2, timeout_s: float = 300,
+                     start_method: str = "fork") -> None:
+    """Run fn(*args) on `num_processes` local CPU processes that form one gloo group, from a
+    notebook or a test. Like accelerate's debug_launcher, plus a time limit: a process still
+    running after `timeout_s` is killed and a LaunchError raised, so a cell or a CI job never
+    hangs. A failing child re-raises its error here. "fork" lets notebook-defined functions run;
+    use "spawn" for functions importable from a module when the parent holds threads or locks."""
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(_child, args=(fn, args, num_processes, port), nprocs=num_processes,
+                             join=False, start_method=start_method)
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise LaunchError(f"{num_processes} processes did not finish within {timeout_s:.0f} s and were "
+                              "killed; rerun with a larger timeout_s or a smaller run")

@@ -29,6 +29,10 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False) -> 
     from .records import read_metrics, write_record
 
     out = Path(out)
+    ml = cfg.techniques.get("multilevel")
+    if ml is not None and ml.enabled:  # the V-cycle drives one trainer per stage itself
+        from .techniques.vcycle import run_vcycle
+        return run_vcycle(cfg, out, resume=resume)
     if not resume and (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size:
         raise ConfigError(f"{out} already holds a run; continue it with --resume {out} or choose another --out")
     trainer = Trainer(cfg, out)

@@ -108,6 +108,7 @@ class Trainer:
         self.accelerator.register_for_checkpointing(self.state)
         for tech in self.techniques:
             self.accelerator.register_for_checkpointing(_Stateful(tech))
+        self.last_lr = self.lr_schedule(self.state)
         self.out = Path(out_dir) if out_dir is not None else None
         self._eval = None
         for tech in self.techniques:

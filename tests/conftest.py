@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
     """Each test starts without Accelerate's process-wide singleton state, so a later
-    debug_launcher/notebook_launcher in the same pytest worker can start processes."""
+    launch_processes/notebook_launcher in the same pytest worker can start processes."""
     yield
     from accelerate.state import AcceleratorState
     AcceleratorState._reset_state(reset_partial_state=True)

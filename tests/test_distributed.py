@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate import debug_launcher
 
 from accellib.config import load_config
+from accellib.launch import LaunchError, launch_processes
 from conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def _train_and_dump(data_dir, out_dir, extra):
 
 @pytest.mark.timeout(180)
 def test_two_processes_in_sync_and_match_one_process(tiny_data_dir, tmp_path):
-    debug_launcher(_train_and_dump, (tiny_data_dir, tmp_path, {"train.batch_size": 4}), num_processes=2)
+    launch_processes(_train_and_dump, (tiny_data_dir, tmp_path, {"train.batch_size": 4}), 2, timeout_s=150)
     r0, r1 = (json.loads((tmp_path / f"rank{r}_of2.json").read_text()) for r in (0, 1))
     assert r0["losses"] == r1["losses"] and r0["val"] == r1["val"]       # reduced/gathered metrics agree
     assert r0["params"] == r1["params"]                                  # DDP kept the replicas identical
@@ -77,3 +77,20 @@ def test_world_size_mismatch_message(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(LaunchError, match="launched as 2 processes but Accelerate runs 1"):
         check_world_size(1)
+
+
+def _sleep_forever():
+    import time
+    time.sleep(3600)
+
+
+def _fail():
+    raise ValueError("boom in a child")
+
+
+@pytest.mark.timeout(60)
+def test_launch_processes_kills_hung_children_and_reraises_errors():
+    with pytest.raises(LaunchError, match="did not finish within 2 s"):
+        launch_processes(_sleep_forever, (), 2, timeout_s=2)
+    with pytest.raises(Exception, match="boom in a child"):
+        launch_processes(_fail, (), 2, timeout_s=30)
