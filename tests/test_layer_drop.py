@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from accelerate import debug_launcher
+from accellib.launch import launch_processes
 
 from accellib.config import ConfigError, load_config
 from accellib.model import Plan, Transformer, run_block
@@ -193,9 +193,7 @@ def _two_proc(data_dir, out_dir):
 
 @pytest.mark.timeout(240)
 def test_two_processes_same_gates_params_in_sync(tiny_data_dir, tmp_path):
-    from accelerate.state import AcceleratorState
-    AcceleratorState._reset_state(reset_partial_state=True)  # earlier tests made a 1-process state
-    debug_launcher(_two_proc, (tiny_data_dir, tmp_path), num_processes=2)
+    launch_processes(_two_proc, (tiny_data_dir, tmp_path), 2, timeout_s=150)
     for name in ("pld", "sbld"):
         r0, r1 = (json.loads((tmp_path / f"{name}_rank{r}.json").read_text()) for r in (0, 1))
         assert r0["ddp"] and r1["ddp"]                       # find_unused_parameters=True

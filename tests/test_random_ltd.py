@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate import debug_launcher
+from accellib.launch import launch_processes
 
 from accellib import flops as F
 from accellib.config import ConfigError, load_config
@@ -236,10 +236,8 @@ def _train_and_dump(data_dir, out_dir, extra):
 
 @pytest.mark.timeout(180)
 def test_two_processes_gloo(tiny_data_dir, tmp_path):
-    from accelerate.state import AcceleratorState
-    AcceleratorState._reset_state(reset_partial_state=True)  # forked children must not inherit 1-process state
     extra = {**LTD, "random_ltd.min_len": 8, "train.batch_size": 4}
-    debug_launcher(_train_and_dump, (tiny_data_dir, tmp_path, extra), num_processes=2)
+    launch_processes(_train_and_dump, (tiny_data_dir, tmp_path, extra), 2, timeout_s=150)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["ddp"] == {}                                 # every parameter is used: no find_unused_parameters
     assert r0["losses"] == r1["losses"] and r0["val"] == r1["val"] and r0["params"] == r1["params"]
