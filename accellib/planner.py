@@ -12,7 +12,6 @@ McCandlish et al. 2018, and every formula below is ours unless it says otherwise
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 # ----------------------------------------------------------------------------- step 1: scaling law

@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import accellib.techniques  # noqa: E402,F401  (registers technique sections first)
 from accellib import flops as F  # noqa: E402
 from accellib.config import load_config  # noqa: E402
 from accellib.records import read_metrics, write_json  # noqa: E402

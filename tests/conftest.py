@@ -63,3 +63,28 @@ def tiny_cfg(tiny_data_dir):
     def make(**kw):
         return load_config(None, tiny_overrides(tiny_data_dir, **kw))
     return make
+
+
+def crash_and_resume(cfg_factory, kw: dict, tmp_path, monkeypatch, crash_after: int):
+    """Train `cfg_factory(**kw)` uninterrupted into full/, then again into part/ crashing after
+    `crash_after` optimizer steps, resume part/ from the command line, and return both runs'
+    metrics (timing fields removed) and final records: (full, part, full_record, part_record)."""
+    from accellib.records import read_metrics, read_record
+    from accellib.train import main, training_function
+    from accellib.trainer import Trainer
+
+    training_function(cfg_factory(**kw), tmp_path / "full")
+    orig = Trainer.train_step
+
+    def crash(self):
+        if self.state.step == crash_after:
+            raise KeyboardInterrupt
+        return orig(self)
+    monkeypatch.setattr(Trainer, "train_step", crash)
+    with pytest.raises(KeyboardInterrupt):
+        training_function(cfg_factory(**kw), tmp_path / "part")
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    assert main(["--resume", str(tmp_path / "part")]) == 0
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    return (strip(read_metrics(tmp_path / "full")), strip(read_metrics(tmp_path / "part")),
+            read_record(tmp_path / "full"), read_record(tmp_path / "part"))

@@ -12,15 +12,15 @@ from accellib.launch import launch_processes
 
 from accellib.config import ConfigError, load_config
 from accellib.model import Plan, Transformer, run_block
-from accellib.records import read_metrics, read_record
+from accellib.records import read_metrics
 from accellib.techniques import REGISTRY
 from accellib.techniques._layer_drop_common import (apply_gates, depth_keep_probs, draw_gates,
                                                     expected_executed, pld_theta)
 from accellib.techniques.base import Technique, check_composition
 from accellib.techniques.sensitivity_layer_drop import block_list, fit_pwegd, keep_prob_list, pwegd
-from accellib.train import main, training_function
+from accellib.train import training_function
 from accellib.trainer import Trainer
-from conftest import tiny_overrides
+from conftest import crash_and_resume, tiny_overrides
 
 PLD = {"pld.enabled": "true", "pld.gamma": 0.5, "pld.theta_bar": 0.5}
 SBLD = {"sbld.enabled": "true", "sbld.profile_step": 2, "sbld.profile_batches": 2, "sbld.gamma": 0.5,
@@ -207,25 +207,10 @@ def test_two_processes_same_gates_params_in_sync(tiny_data_dir, tmp_path):
 @pytest.mark.parametrize("extra", [PLD, dict(SBLD, **{"sbld.reprofile_every": 3})], ids=["pld", "sbld"])
 def test_resume_mid_schedule_is_exact(tiny_cfg, tmp_path, monkeypatch, extra):
     kw = dict(extra, **{"train.steps": 9, "train.checkpoint_every": 4, "pld.gamma": 0.2, "sbld.gamma": 0.2})
-    training_function(tiny_cfg(**kw), tmp_path / "full")
-    orig = Trainer.train_step
-
-    def crash(self):
-        if self.state.step == 6:
-            raise KeyboardInterrupt
-        return orig(self)
-    monkeypatch.setattr(Trainer, "train_step", crash)
-    with pytest.raises(KeyboardInterrupt):
-        training_function(tiny_cfg(**kw), tmp_path / "part")
-    monkeypatch.setattr(Trainer, "train_step", orig)
-    assert main(["--resume", str(tmp_path / "part")]) == 0
-    full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
-    drop = ("wall", "tok_per_s")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in part] == \
-           [{k: v for k, v in r.items() if k not in drop} for r in full]
+    full, part, rec_full, rec_part = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=6)
+    assert part == full
     assert 0.3 < full[5]["theta"] < 0.99                     # the crash was mid-schedule
-    assert read_record(tmp_path / "part")["final"]["val_loss"] == read_record(tmp_path / "full")["final"]["val_loss"]
-
+    assert rec_part["final"]["val_loss"] == rec_full["final"]["val_loss"]
 
 # ----------------------------------------------------------------------------- SBLD lists
 def test_sbld_budget_below_block_list_clamps_and_warns():

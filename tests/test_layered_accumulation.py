@@ -10,7 +10,7 @@ from accellib.launch import launch_processes
 
 from accellib.config import load_config
 from accellib.model import BlockPlan, Plan, Transformer
-from accellib.parallel.layered_accumulation import LayeredAccumulation, segment_names
+from accellib.parallel.layered_accumulation import segment_names
 from accellib.trainer import Trainer
 from conftest import tiny_overrides
 

@@ -11,15 +11,15 @@ from accellib import flops as F
 from accellib.config import ConfigError, load_config
 from accellib.data import generator_for
 from accellib.model import BlockPlan, ModelConfig, Plan, Transformer, run_block
-from accellib.records import read_metrics, read_record
+from accellib.records import read_metrics
 from accellib.schedules import WarmupCosine
 from accellib.techniques import REGISTRY
 from accellib.techniques.base import Technique, check_composition
 from accellib.techniques.random_ltd import (LayerTokenLR, RandomLTD, ReservedLength, keep_indices,
                                             kept_key_mask)
-from accellib.train import main, training_function
+from accellib.train import training_function
 from accellib.trainer import Trainer
-from conftest import tiny_overrides
+from conftest import crash_and_resume, tiny_overrides
 
 LTD = {"random_ltd.enabled": True}
 
@@ -248,19 +248,6 @@ def test_two_processes_gloo(tiny_data_dir, tmp_path):
 def test_resume_is_exact(tiny_cfg, tmp_path, monkeypatch):
     kw = {**LTD, "random_ltd.min_len": 8, "random_ltd.layer_token_lr": True,
           "train.steps": 8, "train.grad_accum": 2, "train.checkpoint_every": 5}
-    training_function(tiny_cfg(**kw), tmp_path / "full")
-    orig = Trainer.train_step
-
-    def crash_at_7(self):
-        if self.state.step == 6:
-            raise KeyboardInterrupt
-        return orig(self)
-    monkeypatch.setattr(Trainer, "train_step", crash_at_7)
-    with pytest.raises(KeyboardInterrupt):
-        training_function(tiny_cfg(**kw), tmp_path / "part")
-    monkeypatch.setattr(Trainer, "train_step", orig)
-    assert main(["--resume", str(tmp_path / "part")]) == 0
-    full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
-    assert strip(part) == strip(full)
-    assert read_record(tmp_path / "full")["final"]["val_loss"] == read_record(tmp_path / "part")["final"]["val_loss"]
+    full, part, rec_full, rec_part = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=6)
+    assert part == full
+    assert rec_full["final"]["val_loss"] == rec_part["final"]["val_loss"]

@@ -1,15 +1,12 @@
 """The training loop: it learns, resumes exactly, and fails loudly without losing anything."""
-import json
-
 import pytest
-import torch
 
 from accellib.data import DataError
 from accellib.records import read_metrics, read_record
 from accellib.schedules import WarmupCosine
 from accellib.train import main, training_function
 from accellib.trainer import Trainer, TrainingError
-from conftest import tiny_overrides
+from conftest import crash_and_resume, tiny_overrides
 
 
 def losses(run_dir):
@@ -32,22 +29,11 @@ def test_loss_decreases_and_outputs_written(tiny_cfg, tmp_path):
 
 
 def test_resume_is_bitwise_identical(tiny_cfg, tmp_path, monkeypatch):
+    # crash during step 7 (after the step-5 checkpoint), then resume from the command line
     kw = {"train.steps": 8, "train.grad_accum": 2, "train.checkpoint_every": 5}
-    full = training_function(tiny_cfg(**kw), tmp_path / "full")
-    # the same run crashes during step 7 (after the step-5 checkpoint), then is resumed from the CLI
-    orig = Trainer.train_step
-
-    def crash_at_7(self):
-        if self.state.step == 6:
-            raise KeyboardInterrupt
-        return orig(self)
-    monkeypatch.setattr(Trainer, "train_step", crash_at_7)
-    with pytest.raises(KeyboardInterrupt):
-        training_function(tiny_cfg(**kw), tmp_path / "part")
-    monkeypatch.setattr(Trainer, "train_step", orig)
-    assert main(["--resume", str(tmp_path / "part")]) == 0
-    assert losses(tmp_path / "part") == losses(tmp_path / "full")
-    assert full["val_loss"] == read_record(tmp_path / "part")["final"]["val_loss"]
+    full, part, rec_full, rec_part = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=6)
+    assert part == full
+    assert rec_part["final"]["val_loss"] == rec_full["final"]["val_loss"]
 
 
 def test_lr_schedule_values():
