@@ -102,6 +102,19 @@ def reach(curve: list[dict], target: float):
     return None
 
 
+def at_flops(curve: list[dict], flops: float) -> float:
+    """The curve's val loss when it had used `flops`, linearly interpolated between evaluations."""
+    prev = None
+    for c in curve:
+        if c["flops"] >= flops:
+            if prev is None:
+                return c["val_loss"]
+            a = (flops - prev["flops"]) / (c["flops"] - prev["flops"])
+            return prev["val_loss"] + a * (c["val_loss"] - prev["val_loss"])
+        prev = c
+    return curve[-1]["val_loss"]
+
+
 def to_target(seeds: list[int], thetas: list[float], steps: int, every: int, quick: bool) -> list[dict]:
     arms = [("baseline", 1.0)] + [(a, th) for a in ("pld", "sbld") for th in thetas]
     curves = {}
@@ -117,6 +130,7 @@ def to_target(seeds: list[int], thetas: list[float], steps: int, every: int, qui
             target = base[-1]["val_loss"]
             r, b = reach(c, target), reach(base, target)
             per.append(dict(final=c[-1]["val_loss"], gap=c[-1]["val_loss"] - target,
+                            gain_at_flops=at_flops(base, c[-1]["flops"]) - c[-1]["val_loss"],
                             flops_ratio=r[0] / b[0] if r else None, wall_ratio=r[1] / b[1] if r else None,
                             final_flops_ratio=c[-1]["flops"] / base[-1]["flops"],
                             final_wall_ratio=c[-1]["wall"] / base[-1]["wall"]))
@@ -124,6 +138,7 @@ def to_target(seeds: list[int], thetas: list[float], steps: int, every: int, qui
         med = lambda k, ps: statistics.median(p[k] for p in ps) if ps else None
         rows.append(dict(arm=a, theta_bar=th, reached=f"{len(reached)}/{len(seeds)}",
                          final_val=med("final", per), gap=med("gap", per),
+                         gain_at_equal_flops=med("gain_at_flops", per),
                          flops_to_target=med("flops_ratio", reached), wall_to_target=med("wall_ratio", reached),
                          flops_equal_steps=med("final_flops_ratio", per), wall_equal_steps=med("final_wall_ratio", per)))
     return rows
@@ -151,12 +166,15 @@ def main() -> None:
     b = to_target(seeds, thetas, steps, every, q)
     print(f"\n(b) 8 layers d=64 seq 64 batch 16, {steps} steps; target = the same seed's baseline final val loss;"
           f" medians over {len(seeds)} seeds; time = process CPU time")
-    print(f"{'arm':<10}{'theta':>6}{'reached':>8}{'val':>8}{'gap':>8}{'xFLOPs->tgt':>12}{'xCPU->tgt':>11}"
+    print(f"{'arm':<10}{'theta':>6}{'reached':>8}{'val':>8}{'gap':>8}{'gain@=F':>9}{'xFLOPs->tgt':>12}{'xCPU->tgt':>11}"
           f"{'xFLOPs@T':>10}{'xCPU@T':>9}")
     for r in b:
         print(f"{r['arm']:<10}{r['theta_bar']:>6.1f}{r['reached']:>8}{r['final_val']:>8.3f}{r['gap']:>8.3f}"
+              f"{r['gain_at_equal_flops']:>9.3f}"
               f"{fmt(r['flops_to_target'], '>12.3f')}{fmt(r['wall_to_target'], '>11.3f')}"
               f"{r['flops_equal_steps']:>10.3f}{r['wall_equal_steps']:>9.3f}")
+    print("gap = final val - the same seed's baseline final (equal steps); gain@=F = the baseline's val loss "
+          "at the arm's total FLOPs - the arm's final val (> 0: better per FLOP); medians over seeds")
     print(f"\ntotal {time.time() - t0:.0f} s")
     out = ROOT / "results" / "layer_drop_cpu.json"
     if not q:

@@ -2,7 +2,9 @@
 
 Both do the same work per step (sample a batch, forward, backward, clip, set LR, AdamW step,
 zero_grad); they are timed in interleaved blocks (plain, trainer, plain, trainer, ...) in one
-process so machine noise hits both alike, and the median block of each is compared.
+process. The headline is the median over pairs of the per-pair tokens/s ratio: the two blocks of a
+pair run back to back, so slow drifts of a shared VM (seen here: 2x between minutes) cancel. The
+ratio of process CPU time per token is reported beside it.
 
     python benchmarks/throughput.py              # CPU, the tutorial model (4 layers, d=128)
     python benchmarks/throughput.py --quick      # smoke run
@@ -72,21 +74,22 @@ def trainer_loop(cfg, data):
 
 
 def timed(fn, n, device):
+    """(wall seconds, process CPU seconds) of n steps."""
     if device.type == "cuda":
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fn(n)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpt2-small", action="store_true", help="12 layers, d=768, seq 1024 (GPU)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    ap.add_argument("--reps", type=int, default=20, help="interleaved pairs of timed blocks")
+    ap.add_argument("--steps", type=int, default=5, help="steps per timed block")
     ap.add_argument("--data", default=str(ROOT / "data" / "shakespeare"))
     args = ap.parse_args()
     over = ["--train.progress=false", f"--data.path={args.data}"]
@@ -95,7 +98,7 @@ def main():
                  "--train.batch_size=16"]
     elif args.quick:
         over += ["--model.n_layer=2", "--model.d_model=64", "--model.seq_len=64", "--train.batch_size=16"]
-        args.reps, args.steps = 3, 5
+        args.reps, args.steps = 3, 3
     cfg = load_config(ROOT / "configs" / "tiny.yaml", over)
     data = load_token_data(cfg.data.path)
     cfg.model.vocab_size = data.vocab_size
@@ -103,23 +106,27 @@ def main():
     loops = {"plain": plain_loop(cfg, data, device), "accellib": trainer_loop(cfg, data)}
     for fn in loops.values():  # warm-up (allocator, kernels)
         fn(2)
-    times = {k: [] for k in loops}
+    times, cpu = {k: [] for k in loops}, {k: [] for k in loops}
     for _ in range(args.reps):
         for k, fn in loops.items():
-            times[k].append(timed(fn, args.steps, device))
+            w, c = timed(fn, args.steps, device)
+            times[k].append(w)
+            cpu[k].append(c)
     tokens = args.steps * cfg.train.batch_size * cfg.model.seq_len
     tps = {k: tokens / statistics.median(v) for k, v in times.items()}
-    ratio = tps["accellib"] / tps["plain"]
+    ratio = statistics.median(p / a for p, a in zip(times["plain"], times["accellib"]))  # per-pair tok/s ratio
+    cpu_ratio = statistics.median(cpu["plain"]) / statistics.median(cpu["accellib"])
     flops_step = train_step_flops(cfg.model, cfg.train.batch_size, cfg.model.seq_len)
     print(f"model L={cfg.model.n_layer} d={cfg.model.d_model} T={cfg.model.seq_len} B={cfg.train.batch_size} "
           f"on {device}; {args.reps} interleaved blocks of {args.steps} steps")
     print(f"{'loop':<10}{'tokens/s (median)':>20}{'min..max':>22}")
     for k, v in times.items():
         print(f"{k:<10}{tps[k]:>20.0f}{tokens / max(v):>11.0f}..{tokens / min(v):<9.0f}")
-    print(f"ratio accellib/plain = {ratio:.3f}  (target >= 0.95)")
+    print(f"ratio accellib/plain, tokens/s, median of {args.reps} paired blocks = {ratio:.3f}  (target >= 0.95)")
+    print(f"ratio accellib/plain, tokens per CPU-second = {cpu_ratio:.3f}")
     out = dict(device=str(device), model=dict(n_layer=cfg.model.n_layer, d_model=cfg.model.d_model,
-               seq_len=cfg.model.seq_len, batch=cfg.train.batch_size), tokens_per_s=tps, ratio=ratio,
-               block_seconds=times, environment=environment())
+               seq_len=cfg.model.seq_len, batch=cfg.train.batch_size), tokens_per_s=tps, ratio=ratio, cpu_ratio=cpu_ratio,
+               block_seconds=times, block_cpu_seconds=cpu, environment=environment())
     if device.type == "cuda":
         name = torch.cuda.get_device_name(0)
         peak = next((v for k, v in PEAK_BF16.items() if k in name), None)

@@ -241,8 +241,8 @@ def test_resume_across_stage_boundary_is_exact(tiny_data_dir, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         run_vcycle(load_config(None, vcycle_overrides(tiny_data_dir, **kw)), tmp_path / "part")
     monkeypatch.setattr(Trainer, "train_step", orig)
-    from accellib.techniques.vcycle import main
-    assert main(["--out", str(tmp_path / "part"), "--resume"]) == 0
+    from accellib.train import main
+    assert main(["--resume", str(tmp_path / "part")]) == 0
     assert _metrics_wo_time(tmp_path / "part") == _metrics_wo_time(tmp_path / "full")
     final = json.loads((tmp_path / "part" / "record.json").read_text())["final"]
     assert final["val_loss"] == full["val_loss"] and final["flops"] == full["flops"]

@@ -37,7 +37,7 @@ a block skipped on every micro-batch has no gradient and is not reduced). Extra 
 techniques are supported when they are computed from (x, y, logits) only.
 
 Emulated slow network (spec §1(e) NB-1c): with `emulate_mbps > 0`, reductions go through one
-communication thread that sleeps bytes / bandwidth before each layer's all_reduce (a serial link),
+communication thread where each layer's all_reduce takes bytes / bandwidth in all (a serial link),
 so loopback's speed does not hide the overlap; it works on one process too (sleep only).
 `order: standard` runs the same engine micro-batch-major (reductions launched during the last
 micro-batch's backward, as DDP + no_sync does), for apples-to-apples comparisons.
@@ -61,7 +61,8 @@ from ..techniques.base import Technique
 
 
 class CommThread:
-    """A serial emulated link: each job sleeps bytes/bandwidth, then all-reduces (if world > 1)."""
+    """A serial emulated link: each job all-reduces (if world > 1), then sleeps until bytes/bandwidth
+    has passed since it started."""
 
     def __init__(self, bytes_per_s: float, world: int):
         self.bps, self.world = bytes_per_s, world
@@ -75,10 +76,14 @@ class CommThread:
             if job is None:
                 return
             tensors, done = job
-            time.sleep(sum(t.numel() * t.element_size() for t in tensors) / self.bps)
+            # a message takes bytes / bandwidth on the link, the real (loopback) transfer included:
+            # reduce, then sleep what is left, so the link model is what the prediction assumes
+            t0 = time.perf_counter()
             for t in tensors:
                 if self.world > 1:
                     dist.all_reduce(t)
+            link = sum(t.numel() * t.element_size() for t in tensors) / self.bps
+            time.sleep(max(0.0, link - (time.perf_counter() - t0)))
             done()
             self.q.task_done()
 

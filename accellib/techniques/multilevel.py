@@ -254,7 +254,7 @@ def level_configs(cfg: ModelConfig, levels: int, m: LevelMap = LevelMap()) -> li
 # ----------------------------------------------------------------------------- config section
 @dataclass
 class MultiLevelConfig:
-    enabled: bool = opt(False, "V-cycle multi-level training (runs through accellib.techniques.vcycle)")
+    enabled: bool = opt(False, "V-cycle multi-level training (accellib.train runs it with techniques/vcycle.py)")
     levels: int = opt(2, "K: number of levels (2 = large + one coalesced model)", min=2, max=5)
     alpha: float = opt(0.25, "interpolation weight of the de-coalesced model (paper GPT: 0.25)", min=0.0, max=1.0)
     warm_frac: float = opt(0.05, "steps of each down-leg stage (warm the model), fraction of train.steps",
@@ -290,4 +290,4 @@ class MultiLevel(Technique):
 
     def setup(self, trainer) -> None:
         raise ConfigError("multilevel.enabled=true runs several models in sequence: start it with "
-                          "`python -m accellib.techniques.vcycle --config ... --out ...` (or run_vcycle())")
+                          "`python -m accellib.train --config ... --out ...` (or run_vcycle())")

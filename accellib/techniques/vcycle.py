@@ -9,8 +9,9 @@ a list of stages, each trained by the one `accellib.trainer.Trainer` in its own 
     K > 2:   the down leg repeats (warm, coalesce) per level, the up leg (de-coalesce, interpolate,
              train up_frac * S) per level, the last up stage is the final one.
 
-    python -m accellib.techniques.vcycle --config configs/multilevel_tiny.yaml --out runs/ml [--resume]
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m accellib.techniques.vcycle ...
+    python -m accellib.train --config configs/multilevel_tiny.yaml --out runs/ml     (or --resume runs/ml)
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m accellib.train ...
+(`accellib.train` hands any config with multilevel.enabled=true to `run_vcycle` below.)
 
 Choices (spec §c, §f): a fresh AdamW per stage (the official code resets it too) with an optional
 linear re-warm-up of `rewarm_steps`; the data stream *continues*: stage k's step s draws the batch
@@ -28,11 +29,9 @@ a stage not yet begun is rebuilt from the saved weights of the stages before it.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,11 +41,11 @@ import torch
 import yaml
 
 from .. import flops as F
-from ..config import ConfigError, RunConfig, load_config
+from ..config import ConfigError, RunConfig
 from ..data import TokenData, load_token_data
 from ..model import ModelConfig, Transformer
 from ..records import read_metrics, write_json, write_record
-from .multilevel import MultiLevelError, coalesce, decoalesce, interpolate, level_configs
+from .multilevel import coalesce, decoalesce, interpolate, level_configs
 
 
 @dataclass
@@ -190,6 +189,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
     progress.setdefault("done", {})
     progress.setdefault("start", {})
     if ps.is_main_process:
+        if not resume:
+            print(describe(cfg, ps.num_processes))
         out.mkdir(parents=True, exist_ok=True)
         if not resume:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -268,39 +269,3 @@ def describe(cfg: RunConfig, world: int = 1) -> str:
                      f"{s.steps:>7}{s.lr_mult:>7.2f}{f:>11.3e}{f / base:>7.3f}")
     lines.append(f"{'total':<43}{sum(fl):>11.3e}{sum(fl) / base:>7.3f}")
     return "\n".join(lines)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    from ..data import DataError
-    from ..launch import LaunchError
-    from ..trainer import TrainingError
-    ap = argparse.ArgumentParser(prog="python -m accellib.techniques.vcycle", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="YAML config with a multilevel section (configs/multilevel_tiny.yaml)")
-    ap.add_argument("--out", required=True, help="output folder of the V-cycle run")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out")
-    args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
-    try:
-        if args.resume:
-            cfg = load_config(Path(args.out) / "config.yaml", overrides)
-        else:
-            if not args.config:
-                raise ConfigError("--config is required for a new run (e.g. configs/multilevel_tiny.yaml)")
-            cfg = load_config(args.config, overrides)
-            cfg.techniques["multilevel"].enabled = True
-        data = load_token_data(cfg.data.path)
-        cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
-        ps = _partial_state()
-        if ps.is_main_process:
-            print(describe(cfg, ps.num_processes))
-        final = run_vcycle(cfg, args.out, resume=args.resume, data=data)
-    except (ConfigError, MultiLevelError, DataError, LaunchError, TrainingError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if ps.is_main_process:
-        print(f"final: step {final['step']}  val_loss {final['val_loss']:.4f}  FLOPs {final['flops']:.3e}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
