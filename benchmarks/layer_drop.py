@@ -10,7 +10,7 @@
     at equal FLOPs, and its gain over a compute-matched baseline (the baseline trained with its own
     schedule for the arm's FLOPs: the fair control).
 
-    flock /tmp/accellib_cpu.lock python benchmarks/layer_drop.py          # ~12 min on 1 core
+    python benchmarks/layer_drop.py          # ~12 min on 1 core
     python benchmarks/layer_drop.py --quick                              # smoke run, ~1 min
 Writes results/layer_drop_cpu.json.
 """

@@ -2,8 +2,8 @@
 validation loss, and the loss at equal FLOPs; 3 seeds x 2 model sizes, runs interleaved
 (baseline, V-cycle, baseline, V-cycle, ...), medians reported.
 
-    flock /tmp/accellib_cpu.lock .venv/bin/python benchmarks/multilevel.py          (~4 min on 2 cores)
-    .venv/bin/python benchmarks/multilevel.py --quick                              (smoke, ~30 s)
+    python benchmarks/multilevel.py          (~6 min on 2 cores)
+    python benchmarks/multilevel.py --quick  (smoke, ~30 s)
 
 Writes results/multilevel_cpu.json. Not a test: wall times depend on the machine.
 """

@@ -12,7 +12,7 @@
    reduction takes bytes / bandwidth on one communication thread, the real transfer included): exposed communication (time from the end of
    the backward to the last reduction) vs the serial-link prediction from the step's own trace.
 
-    flock /tmp/accellib_cpu.lock python benchmarks/pipeline.py          # a few minutes
+    python benchmarks/pipeline.py          # a few minutes
     python benchmarks/pipeline.py --quick                                # smoke test
 Interleaved repetitions (A, B, C, A, B, C, ...), medians; writes results/pipeline_cpu.json.
 """

@@ -1,7 +1,7 @@
 """Random-LTD on CPU: how much of the FLOPs saving becomes time, and LayerTokens / wall time to a
 target validation loss against the baseline (Yao et al. 2022, arXiv 2211.11586).
 
-    flock /tmp/accellib_cpu.lock python benchmarks/random_ltd.py            # ~4 minutes on 2 cores
+    python benchmarks/random_ltd.py            # ~4 minutes on 2 cores
     python benchmarks/random_ltd.py --quick                                  # smoke test, ~30 s
 
 Part 1, equal steps: one baseline trainer and one random-LTD trainer at a fixed kept length r
