@@ -284,3 +284,19 @@ def test_train_cli_runs_and_resumes_the_vcycle(tiny_data_dir, tmp_path):
     assert read_record(out)["final"]["step"] == steps == 9   # warm 1 + small 4 + final 4
     assert main(["--resume", str(out)]) == 0          # a finished cycle resumes as a no-op
     assert read_record(out)["final"]["step"] == steps
+
+
+def test_three_level_vcycle_runs_end_to_end(tiny_data_dir, tmp_path):
+    """K = 3: two coalescings down (4 layers/4 heads/d32 -> 2/2/16 -> 1/1/8) and two up."""
+    cfg = load_config(None, vcycle_overrides(tiny_data_dir, **{"multilevel.levels": 3, "model.n_head": 4,
+                                                               "train.steps": 12}))
+    with pytest.raises(ConfigError, match="vocab_size is 0"):   # before the data is loaded
+        stage_flops(cfg, plan_stages(cfg))
+    final = run_vcycle(cfg, tmp_path / "k3")
+    stages = plan_stages(cfg)
+    assert [s.model.n_layer for s in stages] == [4, 2, 1, 2, 4]
+    assert final["step"] == sum(s.steps for s in stages)
+    assert final["flops"] == pytest.approx(sum(stage_flops(cfg, stages)))
+    sd = torch.load(tmp_path / "k3" / f"stage_{len(stages) - 1}" / "final_model.pt", weights_only=True)
+    assert sd["transformer.h.3.mlp.c_fc.weight"].shape == (4 * 32, 32)   # back at full size
+    assert 0 < final["val_loss"] < 6

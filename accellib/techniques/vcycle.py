@@ -83,14 +83,22 @@ def plan_stages(cfg: RunConfig) -> list[Stage]:
 
 def stage_flops(cfg: RunConfig, stages: list[Stage], world: int = 1) -> list[float]:
     """Analytic training FLOPs of each stage (all processes), as the Trainer counts them."""
+    _need_vocab(cfg)
     t = cfg.train
     return [float(s.steps * world * t.grad_accum * F.train_step_flops(s.model, t.batch_size, s.model.seq_len))
             for s in stages]
 
 
 def baseline_flops(cfg: RunConfig, world: int = 1) -> float:
+    _need_vocab(cfg)
     t = cfg.train
     return float(t.steps * world * t.grad_accum * F.train_step_flops(cfg.model, t.batch_size, cfg.model.seq_len))
+
+
+def _need_vocab(cfg: RunConfig) -> None:
+    if cfg.model.vocab_size == 0:  # the head's FLOPs would silently be counted as 0
+        raise ConfigError("model.vocab_size is 0: set it, or load the data first (run_vcycle fills it "
+                          "from the data's meta.json)")
 
 
 def stage_config(cfg: RunConfig, st: Stage) -> RunConfig:
