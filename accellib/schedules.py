@@ -15,9 +15,9 @@ class WarmupCosine:
     def __init__(self, lr: float, warmup: int, total: int, min_ratio: float = 0.1):
         self.lr, self.warmup, self.total, self.min_ratio = lr, warmup, total, min_ratio
 
-    def at(self, step: int) -> float:
-        if step < self.warmup:
-            return self.lr * (step + 1) / self.warmup
+    def at(self, step: float) -> float:
+        if step < self.warmup:  # min(): a fractional step (LayerTokenLR) must not overshoot the peak
+            return min(self.lr, self.lr * (step + 1) / self.warmup)
         s = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.lr * (self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * s)))
 

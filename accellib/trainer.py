@@ -55,22 +55,9 @@ class TrainState:
             setattr(self, f.name, d[f.name])
 
 
-class _Stateful:
-    """Adapter so a technique's state is saved/loaded by Accelerate."""
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def state_dict(self):
-        return self.obj.state_dict()
-
-    def load_state_dict(self, d):
-        self.obj.load_state_dict(d)
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (not biases, LayerNorms, embeddings' positions stay decayed
-    as nanoGPT does: every >=2-D tensor is decayed)."""
+    """AdamW groups as in nanoGPT: every >= 2-D tensor (weight matrices, embeddings) is decayed;
+    1-D tensors (biases, LayerNorm gains) are not."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -81,8 +68,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 class Trainer:
     def __init__(self, cfg: RunConfig, out_dir: Optional[str | Path] = None, *,
                  data: Optional[TokenData] = None, model: Optional[torch.nn.Module] = None,
-                 accelerator=None):
+                 accelerator=None, data_offset: int = 0):
         self.cfg = cfg
+        self.data_offset = data_offset  # step t reads the batches of step t + offset (V-cycle stages)
         t = cfg.train
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -107,7 +95,7 @@ class Trainer:
         self.lr_schedule = WarmupCosine(cfg.optim.lr, cfg.optim.warmup_steps, t.steps, cfg.optim.min_lr_ratio)
         self.accelerator.register_for_checkpointing(self.state)
         for tech in self.techniques:
-            self.accelerator.register_for_checkpointing(_Stateful(tech))
+            self.accelerator.register_for_checkpointing(tech)  # has state_dict / load_state_dict
         self.last_lr = self.lr_schedule(self.state)
         self.out = Path(out_dir) if out_dir is not None else None
         self._eval = None
@@ -129,7 +117,7 @@ class Trainer:
         micro-batch see exactly the data of 1 process x 2 micro-batches."""
         t, out, acc = self.cfg.train, [], self.accelerator
         for m in range(t.grad_accum):
-            g = generator_for(t.seed, step, m * acc.num_processes + acc.process_index)
+            g = generator_for(t.seed, step + self.data_offset, m * acc.num_processes + acc.process_index)
             x, y = sample_batch(self.data.train, t.batch_size, self.cfg.model.seq_len, g)
             if self.cfg.model.kind == "mlm":
                 x, y = mask_tokens(x, self.data.mask_id, self.cfg.model.vocab_size, g, self.cfg.data.mlm_prob)

@@ -38,6 +38,7 @@ import torch
 
 from ..config import ConfigError, opt
 from ..data import generator_for
+from ..schedules import WarmupCosine
 from . import register
 from .base import Technique
 
@@ -86,25 +87,19 @@ class ReservedLength:
         return dict(min_len=self.min_len, full_len=self.full_len, step_len=self.q, ramp_steps=self.ramp)
 
 
-class LayerTokenLR:
-    """Warm-up then cosine decay keyed by consumed LayerTokens (Yao et al. 2022, App. C).
+class LayerTokenLR(WarmupCosine):
+    """The trainer's warm-up + cosine schedule keyed by consumed LayerTokens (Yao et al. 2022, App. C).
 
     With P = LayerTokens of one full-length step (all processes), s = layer_tokens / P counts
-    "baseline-equivalent steps"; then
-        lr(s) = lr * min(1, (s + 1) / warmup)                               s < warmup
-        lr(s) = lr * (m + (1 - m) * (1 + cos(pi * u)) / 2),  u = (s - warmup) / (total - warmup)
-    which is the trainer's step schedule (WarmupCosine) exactly when nothing is dropped (s = t).
-    Dropping tokens slows s down, so warm-up and decay stretch over more optimizer steps."""
+    "baseline-equivalent steps" and lr = WarmupCosine.at(s): exactly the step schedule when nothing
+    is dropped (s = t). Dropping tokens slows s down, so warm-up and decay stretch over more steps."""
 
     def __init__(self, lr: float, warmup: int, total: int, min_ratio: float, lt_per_step: int):
-        self.lr, self.warmup, self.total, self.min_ratio, self.P = lr, warmup, total, min_ratio, lt_per_step
+        super().__init__(lr, warmup, total, min_ratio)
+        self.P = lt_per_step
 
-    def at(self, layer_tokens: int) -> float:
-        s = layer_tokens / self.P
-        if s < self.warmup:
-            return self.lr * min(1.0, (s + 1) / self.warmup)
-        u = min(1.0, (s - self.warmup) / max(1, self.total - self.warmup))
-        return self.lr * (self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * u)))
+    def at(self, layer_tokens: float) -> float:
+        return super().at(layer_tokens / self.P)
 
     def __call__(self, state) -> float:
         return self.at(state.layer_tokens)

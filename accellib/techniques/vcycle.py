@@ -226,10 +226,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
             if not started:                                        # (a resumed stage loads its checkpoint)
                 sd, map_s = _stage_input(out, stages, st, cache, ml.alpha, m)
                 model.load_state_dict(sd, strict=True)
-        tr = Trainer(stage_config(cfg, st), sdir, data=data, model=model)
-        # data stream continues: stage step s reads the baseline's batch of global step off + s
-        tr.batches = lambda step, _tr=tr, _off=off: Trainer.batches(_tr, step + _off)
-        tr.last_lr = tr.lr_schedule(tr.state)                      # defined even if no step runs
+        # the data stream continues: stage step s reads the baseline's batches of global step off + s
+        tr = Trainer(stage_config(cfg, st), sdir, data=data, model=model, data_offset=off)
         if not started:
             for k, v in carry.items():                             # cumulative axes (checkpointed with the state)
                 setattr(tr.state, k, v + (map_s if k == "wall" else 0))
