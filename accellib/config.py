@@ -61,7 +61,10 @@ class TrainConfig:
     seed: int = opt(1337, "seed for init, data order and technique randomness", min=0)
     precision: str = opt("auto", "auto = bf16 on a bf16-capable GPU, else fp32",
                          choices=["auto", "fp32", "bf16"])
-    progress: bool = opt(True, "tqdm progress bar on the main process")
+    progress: bool = opt(True, "tqdm progress bar on the main process; false = one log line per log_every steps")
+    device: str = opt("auto", "auto = CUDA when present, else CPU; cuda = refuse to run without CUDA "
+                      "(the full-scale configs); cpu = the CPU even when CUDA is present",
+                      choices=["auto", "cuda", "cpu"])
     threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 FORMAT_VERSION = 1
-_ROOT = Path(__file__).resolve().parents[1]  # the repo, where data/ and data_scripts/ live
+from . import REPO_ROOT as _ROOT  # the repo, where data/ and data_scripts/ live
 
 
 class DataError(RuntimeError):

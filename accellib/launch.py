@@ -48,12 +48,22 @@ def check_world_size(num_processes: int) -> None:
                           f"(each process would train alone); launch with: {CPU_LAUNCH}")
 
 
-def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", cpu: bool | None = None,
+def use_cpu(device: str = "auto") -> bool:
+    """train.device -> run on the CPU? "cuda" without CUDA is refused: a GPU-scale config that
+    silently fell back to the CPU would look hung for days."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LaunchError("train.device=cuda but torch sees no CUDA GPU here (check `nvidia-smi` and "
+                          "`python -c 'import torch; print(torch.cuda.is_available())'`); to run this "
+                          "config on the CPU anyway, add --train.device=cpu")
+    return device == "cpu" or not torch.cuda.is_available()
+
+
+def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
                      **kwargs):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    cpu = (not torch.cuda.is_available()) if cpu is None else cpu
+    cpu = use_cpu(device)
     handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
     acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision),
                       kwargs_handlers=handlers, **kwargs)

@@ -79,7 +79,7 @@ class Trainer:
         ddp = {}
         for tech in self.techniques:
             ddp.update(tech.ddp_kwargs())
-        self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision)
+        self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device)
         self.data = data if data is not None else load_token_data(cfg.data.path)
         if cfg.model.vocab_size == 0:
             cfg.model.vocab_size = self.data.vocab_size
@@ -303,6 +303,8 @@ class Trainer:
                     rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
                     bar.set_postfix(val=f"{rec['val_loss']:.3f}")
                 self._log(rec)
+                if not t.progress:  # without a bar the console must still show the run is alive
+                    self.accelerator.print(log_line(rec, t.steps), flush=True)
                 final = rec
             if self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
                 self.save()
@@ -310,6 +312,15 @@ class Trainer:
         if not final or final.get("step") != st.step or "val_loss" not in final:
             final = dict(self._train_record(float("nan"), 0, 1.0), **self.evaluate())
         return final
+
+
+def log_line(rec: dict, total: int) -> str:
+    """One console line per logged step, e.g. `step 100/3000  train 2.3456  val 2.4012  lr 3.0e-04  ...`."""
+    parts = [f"step {rec['step']}/{total}", f"train {rec['train_loss']:.4f}"]
+    if "val_loss" in rec:
+        parts.append(f"val {rec['val_loss']:.4f}")
+    parts += [f"lr {rec['lr']:.2e}", f"{rec['tok_per_s']:,.0f} tok/s", f"{rec['wall']:.0f}s"]
+    return "  ".join(parts)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
