@@ -57,3 +57,22 @@ def test_placement_partitions_layers():
 def test_clear_errors(args, msg):
     with pytest.raises(PipelineError, match=msg):
         check_config(*args)
+
+
+@pytest.mark.parametrize("argv,env,msg", [
+    (["--dp", "3"], {"WORLD_SIZE": "4"}, "--dp 3 does not divide the 4 processes"),
+    (["--stages-per-rank", "0"], {"WORLD_SIZE": "2"}, "--stages-per-rank must be at least 1"),
+    ([], {}, "run it under torchrun"),
+])
+def test_command_line_errors_are_one_line(argv, env, msg, monkeypatch):
+    # before: --dp 3 and the missing torchrun died in init_process_group with a traceback (or hung),
+    # --stages-per-rank 0 reached the schedule builder
+    from accellib.parallel.pipeline import main
+    for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    text = str(e.value)
+    assert text.startswith("error: ") and msg in text and "\n" not in text

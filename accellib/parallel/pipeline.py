@@ -209,6 +209,19 @@ def _tie_group(a: int, b: int):
     return _TIE_GROUPS[(a, b)]
 
 
+def check_launch(dp: int, stages_per_rank: int, env=os.environ) -> None:
+    """The command-line checks that need no process group (so they fail before any rank waits)."""
+    if "WORLD_SIZE" not in env:
+        raise PipelineError("the pipeline needs several processes: run it under torchrun, e.g. "
+                            "torchrun --nproc_per_node 4 -m accellib.parallel.pipeline --schedule looped_bfs")
+    if stages_per_rank < 1:
+        raise PipelineError(f"--stages-per-rank must be at least 1, got {stages_per_rank}")
+    world = int(env["WORLD_SIZE"])
+    if dp < 1 or world % dp:
+        raise PipelineError(f"--dp {dp} does not divide the {world} processes; the world is dp x pipeline "
+                            f"ranks, so choose --dp from {[d for d in range(1, world + 1) if world % d == 0]}")
+
+
 def init_distributed(dp: int = 1, timeout_s: int = 60):
     """Process group from torchrun's env (gloo on CPU, NCCL on GPU) with a short timeout, and the
     (dp, pp) groups. Returns (device, pp_group, dp_group)."""
@@ -321,6 +334,10 @@ def main(argv=None):
     ap.add_argument("--stage-ms", type=float, default=0.0, help="fixed forward cost per stage (backward 2x)")
     ap.add_argument("--out", default=None, help="folder for per-rank JSON results")
     a = ap.parse_args(argv)
+    try:
+        check_launch(a.dp, a.stages_per_rank)
+    except PipelineError as e:
+        raise SystemExit(f"error: {e}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device, pp_group, dp_group = init_distributed(a.dp)
     try:
