@@ -19,6 +19,7 @@ import hashlib
 import json
 import operator
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,61 +43,97 @@ class TokenData:
     mask_id: int | None  # id reserved for [MASK] (masked-LM), None if the tokenizer has none
 
 
-def _prepare_command(data_dir: Path) -> str:
-    """The data_scripts command that builds `data_dir` (used when there is no meta.json to ask)."""
-    name = data_dir.name
+SCRIPTS = ("python data_scripts/prepare_shakespeare.py (Shakespeare) or python data_scripts/prepare_hf.py "
+           "--dataset wikitext-103|openwebtext|text (full-scale corpora, your text files)")
+
+
+def _default_command(name: str) -> str | None:
+    """The data_scripts command whose default output folder is data/<name>, or None."""
     if m := re.fullmatch(r"shakespeare(?:_bpe(\d+))?", name):
-        cmd = "python data_scripts/prepare_shakespeare.py"
-        cmd += f" --tokenizer bpe --vocab-size {m[1]}" if m[1] else ""
-    elif m := re.fullmatch(r"(wikitext-103|openwebtext)_(byte|gpt2|bpe)(\d*)", name):
-        cmd = f"python data_scripts/prepare_hf.py --dataset {m[1]} --tokenizer {m[2]}"
-        cmd += f" --vocab-size {m[3]}" if m[3] else ""
-    else:  # an unknown folder name: build the default corpus into it
-        return f"python data_scripts/prepare_shakespeare.py --out {data_dir}"
-    # the scripts' default output is <repo>/data/<name>; anywhere else needs --out
-    return cmd if data_dir.resolve() == (_ROOT / "data" / name).resolve() else f"{cmd} --out {data_dir}"
+        return "python data_scripts/prepare_shakespeare.py" + (f" --tokenizer bpe --vocab-size {m[1]}" if m[1] else "")
+    if m := re.fullmatch(r"(wikitext-103|openwebtext)_(?:(byte|gpt2)|bpe(\d+))", name):
+        tok = m[2] or f"bpe --vocab-size {m[3]}"
+        return f"python data_scripts/prepare_hf.py --dataset {m[1]} --tokenizer {tok}"
+    return None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _without_out(cmd: str) -> str | None:
+    """`cmd` with its --out argument removed (None if it does not parse as a command line)."""
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        return None
+    keep = [w for i, w in enumerate(words)
+            if w != "--out" and not w.startswith("--out=") and (i == 0 or words[i - 1] != "--out")]
+    return shlex.join(keep)
+
+
+def prepare_hint(data_dir: str | Path, created_by: str | None = None, force: bool = True) -> str:
+    """The end of a one-line data error: how to (re)build exactly `data_dir`.
+
+    `created_by` (from meta.json) is the command that built the folder, but maybe somewhere else:
+    the folder may have been copied, or built with --out. So its --out is dropped, and added back
+    naming `data_dir` unless `data_dir` is that command's default folder, <repo>/data/<name>."""
+    data_dir = Path(data_dir)
+    cmd = None
+    if isinstance(created_by, str) and created_by.startswith("python data_scripts/"):
+        cmd = _without_out(created_by)
+    cmd = cmd or _default_command(data_dir.name)
+    out = f"--out {shlex.quote(str(data_dir))}" + (" --force" if force else "")
+    if cmd is None:  # not a folder name the scripts know: which corpus belongs here is the user's call
+        return f"token data is built by {SCRIPTS}; pass {out}"
+    at_default = (cmd == _default_command(data_dir.name)
+                  and data_dir.resolve() == (_ROOT / "data" / data_dir.name).resolve())
+    return f"run `{cmd}{' --force' if force else ''}`" if at_default else f"run `{cmd} {out}`"
+
+
+def _scan(path: Path, ids: bool) -> tuple[str, int]:
+    """(sha256, largest uint16 id or -1) of a file in one read; the max costs little beside the hash."""
+    h, top = hashlib.sha256(), -1
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+        while chunk := f.read(1 << 20):  # an even size: chunks of a uint16 file split between ids
             h.update(chunk)
-    return h.hexdigest()
+            if ids and len(chunk) > 1:
+                top = max(top, int(np.frombuffer(chunk, np.uint16, len(chunk) // 2).max()))
+    return h.hexdigest(), top
 
 
 def load_token_data(data_dir: str | Path, verify: bool = True) -> TokenData:
-    """Open a token folder. verify=True also checks every file's sha256 (about 1 s per GB)."""
+    """Open a token folder. verify=True also checks every file's sha256 and that every token id is
+    below meta.json's vocab_size (one read of every byte, about 1 s per GB)."""
     data_dir = Path(data_dir)
     meta_path = data_dir / "meta.json"
     if not meta_path.is_file():
-        raise DataError(f"no token data in {data_dir}: run `{_prepare_command(data_dir)}`")
+        raise DataError(f"no token data in {data_dir}: {prepare_hint(data_dir, force=False)}")
     try:
         meta = json.loads(meta_path.read_text())
-        fix = f"{meta.get('created_by') or _prepare_command(data_dir)} --force"
+        fix = prepare_hint(data_dir, meta.get("created_by"))
         counts = {split: int(meta[f"n_{split}"]) for split in ("train", "val")}
         vocab_size = int(meta["vocab_size"])
     except (ValueError, AttributeError, KeyError, TypeError) as e:
-        raise DataError(f"unreadable {meta_path} ({type(e).__name__}: {e}): "
-                        f"run `{_prepare_command(data_dir)} --force`") from None
+        raise DataError(f"unreadable {meta_path} ({type(e).__name__}: {e}): {prepare_hint(data_dir)}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{meta_path} has format_version {meta.get('format_version')}, expected "
-                        f"{FORMAT_VERSION}: run `{fix}`")
+                        f"{FORMAT_VERSION}: {fix}")
     splits = {}
     for split, n in counts.items():
         path = data_dir / f"{split}.bin"
         if not path.is_file():
-            raise DataError(f"{path} is missing: run `{fix}`")
+            raise DataError(f"{path} is missing: {fix}")
         if (size := path.stat().st_size) != 2 * n:  # 2 bytes per uint16 token
-            raise DataError(f"{path} has {size} bytes, meta.json says {n} tokens = {2 * n} bytes: run `{fix}`")
+            raise DataError(f"{path} has {size} bytes, meta.json says {n} tokens = {2 * n} bytes: {fix}")
         if n == 0:
-            raise DataError(f"{path} is empty: rebuild it with more text, e.g. `{fix}`")
+            raise DataError(f"{path} is empty: rebuild it from more text, e.g. {fix}")
         splits[split] = np.memmap(path, dtype=np.uint16, mode="r")
     if verify:
         for name, expected in meta.get("sha256", {}).items():
             path = data_dir / name
-            if not path.is_file() or _sha256(path) != expected:
-                raise DataError(f"{path} is corrupt (sha256 differs from meta.json): run `{fix}`")
+            digest, top = _scan(path, ids=name in ("train.bin", "val.bin")) if path.is_file() else (None, -1)
+            if digest != expected:
+                raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}")
+            if top >= vocab_size:
+                raise DataError(f"{path} holds token id {top} but meta.json's vocab_size is {vocab_size} "
+                                f"(every id must be below it): {fix}")
     return TokenData(splits["train"], splits["val"], meta, vocab_size, meta.get("mask_id"))
 
 

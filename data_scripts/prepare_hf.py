@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
 from data_scripts.tokenize_corpus import (  # noqa: E402
-    is_up_to_date, mask_id_and_vocab, read_meta, train_bpe, write_token_streams)
+    check_target, is_up_to_date, mask_id_and_vocab, read_meta, recover, train_bpe, write_token_streams)
 
 HUB = {  # name -> (hub path, config, train split, validation split or None for a holdout)
     "wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1", "train", "validation"),
@@ -161,6 +161,12 @@ def make_tokenizer(kind: str, train_texts: Iterable[str], vocab_size: int):
     raise ValueError(f"unknown tokenizer {kind!r}: use byte, bpe or gpt2")
 
 
+def default_out_dir(dataset: str, tokenizer: str, vocab_size: int = 1024) -> Path:
+    """Where main() writes without --out: data/<dataset>_<tokenizer>, e.g. data/openwebtext_gpt2
+    (the full-scale configs read these folders; tests/test_configs.py checks that they agree)."""
+    return ROOT / "data" / f"{dataset}_{tokenizer}{vocab_size if tokenizer == 'bpe' else ''}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", choices=[*HUB, "text"], required=True)
@@ -176,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--dataset text needs --train-files and --val-files")
 
     t0 = time.perf_counter()
-    tok_name = args.tokenizer + (str(args.vocab_size) if args.tokenizer == "bpe" else "")
-    default_out = ROOT / "data" / f"{args.dataset}_{tok_name}"
+    default_out = default_out_dir(args.dataset, args.tokenizer, args.vocab_size)
     out = args.out or default_out
     cmd = f"python data_scripts/prepare_hf.py --dataset {args.dataset} --tokenizer {args.tokenizer}"
     cmd += f" --vocab-size {args.vocab_size}" if args.tokenizer == "bpe" else ""
@@ -185,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         cmd += f" --train-files {' '.join(args.train_files)} --val-files {' '.join(args.val_files)}"
     cmd += f" --out {out}" if out.resolve() != default_out.resolve() else ""
     requested = args.vocab_size if args.tokenizer == "bpe" else None
+    recover(out)  # what an earlier, killed run left behind
+    try:
+        check_target(out)  # before any download: a folder holding other files is never replaced
+    except FileExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     meta = read_meta(out)
     if (not args.force and meta and meta.get("created_by") == cmd
             and is_up_to_date(out, {"tokenizer": args.tokenizer, "requested_vocab_size": requested})):

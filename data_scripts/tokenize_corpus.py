@@ -7,9 +7,10 @@ On disk, a token dataset is one folder:
     meta.json            written LAST: format_version, source, tokenizer, vocab_size, mask_id,
                          n_train, n_val, bytes_per_token, sha256 of every file, created_by
 
-Every file is written to a temporary name in the same folder, fsynced, then moved into place
-with `os.replace`. If anything fails before the last move, the files already moved are put back,
-so the folder keeps its old complete dataset (or stays empty) and no temporary file is left.
+A rebuild never leaves a mix of old and new files, even when the process is killed: the complete
+new dataset is staged in a hidden sibling folder, <parent>/.<name>.tmp-<pid>-<rand>, and then swapped
+with the old folder in one step (see `_swap_in`). What a killed writer leaves behind is tidied up by
+`recover`, which both prepare scripts run first.
 
 Tokenizers:
   byte  ids 0..255 are the UTF-8 bytes; id 256 is reserved for [MASK]  -> vocab_size 257
@@ -18,10 +19,13 @@ Tokenizers:
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable
@@ -118,12 +122,11 @@ def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
 
 
 class _Staged:
-    """A file being written under a temporary name in its final folder; hashes what it writes."""
+    """One file of the staged dataset; hashes what it writes and fsyncs it on close."""
 
-    def __init__(self, out_dir: Path, name: str):
+    def __init__(self, stage: Path, name: str):
         self.name, self.n_bytes, self.sha = name, 0, hashlib.sha256()
-        self.tmp = out_dir / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.f = open(self.tmp, "xb")
+        self.f = open(stage / name, "xb")
 
     def write(self, data) -> None:
         data = memoryview(data).cast("B")  # numpy arrays and bytes alike
@@ -132,15 +135,9 @@ class _Staged:
         self.n_bytes += len(data)
 
     def close(self) -> None:
-        if not self.f.closed:
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
-
-    def discard(self) -> None:
-        if not self.f.closed:
-            self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -154,86 +151,196 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _commit(out_dir: Path, staged: list[_Staged]) -> None:
-    """Move staged files into place in order (meta.json last); on failure, restore the old files."""
-    moved = []  # (final path, the old file under a temporary name, or None if there was none)
+def _step(point: str) -> None:
+    """Called at each point of a rebuild where a crash leaves a different state on disk
+    ("staged", "moved_aside", "swapped"). Does nothing; the crash tests replace it."""
+
+
+def _load_renameat2():
     try:
-        for s in staged:
-            s.close()
-            dst = out_dir / s.name
-            old, linked = None, False
-            if dst.exists():
-                old = out_dir / f".{s.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                try:
-                    os.link(dst, old)  # keep the old file reachable until the whole set is in place
-                    linked = True
-                except OSError:  # no hard links on this filesystem: move it aside instead
-                    os.replace(dst, old)
+        f = ctypes.CDLL(None, use_errno=True).renameat2  # Linux, glibc >= 2.28
+    except (OSError, AttributeError):  # macOS, Windows, other C libraries: the fallback is used
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return f
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step; False where the OS or filesystem cannot."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):  # e.g. a filesystem without RENAME_EXCHANGE
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _swap_in(stage: Path, out_dir: Path) -> None:
+    """Put the complete dataset in `stage` at `out_dir` and delete what was there.
+
+    With an atomic exchange, `out_dir` names the old or the new dataset at every instant. Without
+    one, the old folder is first renamed to .<name>.old-<pid>-<rand>: a crash before the second
+    rename leaves no dataset at `out_dir`, and `recover` puts the old one back. Several writers may
+    race on one folder: each swaps in its own staged folder, and the last swap wins."""
+    for _ in range(100):  # another round only when another writer moved `out_dir` at the same moment
+        if not os.path.lexists(out_dir):
             try:
-                os.replace(s.tmp, dst)
-            except BaseException:
-                if old is not None and linked:
-                    old.unlink(missing_ok=True)  # dst is still the old file
-                elif old is not None:
-                    os.replace(old, dst)
+                os.rename(stage, out_dir)  # first build: nothing to swap with
+            except OSError:
+                if not os.path.lexists(out_dir):
+                    raise
+                continue  # another writer got there first: swap with theirs
+            _step("swapped")
+            return
+        if _exchange(stage, out_dir):
+            _step("swapped")
+            shutil.rmtree(stage, ignore_errors=True)  # `stage` now holds the old dataset
+            return
+        old = _sibling(out_dir, "old")
+        try:
+            os.rename(out_dir, old)
+        except FileNotFoundError:
+            continue
+        try:
+            _step("moved_aside")
+            os.rename(stage, out_dir)
+        except BaseException as e:
+            if not os.path.lexists(out_dir):
+                os.rename(old, out_dir)  # a real failure: put the old dataset back
                 raise
-            moved.append((dst, old))
-    except BaseException:
-        for dst, old in reversed(moved):  # put the previous dataset back as it was
-            if old is not None:
-                os.replace(old, dst)
-            else:
-                dst.unlink(missing_ok=True)
-        raise
-    finally:
-        for s in staged:
-            s.discard()
-    for _, old in moved:
-        if old is not None:
-            old.unlink(missing_ok=True)
-    _fsync_dir(out_dir)
+            shutil.rmtree(old, ignore_errors=True)  # another writer's dataset arrived meanwhile
+            if not isinstance(e, OSError):
+                raise
+            continue
+        _step("swapped")
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    raise OSError(f"could not move the new dataset into {out_dir}: other writers keep replacing it")
+
+
+def _sibling(out_dir: Path, kind: str) -> Path:
+    return out_dir.parent / f".{out_dir.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # it exists, and belongs to another user
+        return True
+    return True
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def recover(out_dir: str | Path) -> None:
+    """Tidy up after rebuilds of `out_dir` whose process died: delete their staging folders, and
+    delete a moved-aside old dataset, or move it back when there is no dataset at `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir = out_dir.resolve() if out_dir.is_symlink() else out_dir
+    try:
+        entries = list(out_dir.parent.iterdir())
+    except OSError:  # no parent folder yet: nothing to recover
+        return
+    dead = [p for p in entries if (m := _LEFTOVER.fullmatch(p.name)) and m["name"] == out_dir.name
+            and not _alive(int(m["pid"]))]
+    for p in sorted(dead, key=_mtime, reverse=True):  # newest old copy first
+        if p.name.startswith(f".{out_dir.name}.old-") and not os.path.lexists(out_dir):
+            try:
+                os.rename(p, out_dir)
+                continue
+            except OSError:  # another process put a dataset there meanwhile
+                pass
+        shutil.rmtree(p, ignore_errors=True)
+    for p in out_dir.iterdir() if out_dir.is_dir() else []:  # temp files of the older per-file writer
+        if (m := _LEFTOVER.fullmatch(p.name)) and p.is_file() and not _alive(int(m["pid"])):
+            p.unlink(missing_ok=True)
+
+
+DATASET_FILES = {"train.bin", "val.bin", "meta.json", "tokenizer.json"}
+
+
+def check_target(out_dir: str | Path) -> None:
+    """Refuse to replace a folder that holds more than a token dataset: the swap would delete it."""
+    out_dir = Path(out_dir)
+    if os.path.lexists(out_dir) and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is not a folder: pass another --out")
+    if not out_dir.is_dir():
+        return
+    known = DATASET_FILES | set((read_meta(out_dir) or {}).get("sha256") or {})
+    other = sorted(p.name for p in out_dir.iterdir() if p.name not in known and not _LEFTOVER.fullmatch(p.name))
+    if other:
+        raise FileExistsError(f"{out_dir} holds files that are not token data ({', '.join(other[:3])}"
+                              f"{', ...' if len(other) > 3 else ''}), which a rebuild would delete: "
+                              f"move them away or pass another --out; nothing was changed")
 
 
 def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray], val_chunks: Iterable[np.ndarray],
                         meta_extra: dict | Callable[[int, int], dict],
                         extra_files: dict[str, bytes] | None = None) -> Path:
-    """Stream uint16 id chunks into train.bin/val.bin (never all in memory), then write meta.json.
+    """Stream uint16 id chunks into train.bin/val.bin (never all in memory), then write meta.json,
+    all in a staging folder that then replaces `out_dir` as a whole (see the module docstring).
 
     `meta_extra` may be a callable meta_extra(n_train, n_val) -> dict, called once both streams are
     consumed (so it can report what was counted while streaming, e.g. characters per token)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staged: list[_Staged] = []
+    given = Path(out_dir)
+    out_dir = given.resolve() if given.is_symlink() else given  # a link to a data disk stays a link
+    recover(out_dir)
+    check_target(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = _sibling(out_dir, "tmp")
+    stage.mkdir()
     try:
-        counts = {}
+        counts, sha, top = {}, {}, -1
         for split, chunks in zip(SPLITS, (train_chunks, val_chunks)):
-            s = _Staged(out_dir, f"{split}.bin")
-            staged.append(s)
+            s = _Staged(stage, f"{split}.bin")
             for ids in chunks:
                 ids = np.ascontiguousarray(ids)
                 if ids.dtype != np.uint16:
                     raise TypeError(f"{split} ids must be uint16, got {ids.dtype}")
                 s.write(ids)
-            counts[split] = s.n_bytes // 2
+                top = max(top, int(ids.max())) if ids.size else top
+            s.close()
+            counts[split], sha[s.name] = s.n_bytes // 2, s.sha.hexdigest()
         for name, data in (extra_files or {}).items():
-            s = _Staged(out_dir, name)
-            staged.append(s)
+            s = _Staged(stage, name)
             s.write(data)
+            s.close()
+            sha[name] = s.sha.hexdigest()
         extra = meta_extra(counts["train"], counts["val"]) if callable(meta_extra) else dict(meta_extra)
         meta = {"format_version": FORMAT_VERSION, **extra, "dtype": "uint16",
-                "n_train": counts["train"], "n_val": counts["val"],
-                "sha256": {s.name: s.sha.hexdigest() for s in staged}}
+                "n_train": counts["train"], "n_val": counts["val"], "sha256": sha}
         if meta.get("vocab_size", 0) > 65536:
             raise ValueError(f"vocab_size {meta['vocab_size']} does not fit uint16")
-        s = _Staged(out_dir, "meta.json")
-        staged.append(s)
+        if "vocab_size" in meta and top >= meta["vocab_size"]:
+            raise ValueError(f"token id {top} is not below vocab_size {meta['vocab_size']}: "
+                             f"the tokenizer and the meta disagree")
+        s = _Staged(stage, "meta.json")  # last: a folder with a valid meta is complete
         s.write((json.dumps(meta, indent=2) + "\n").encode())
-        _commit(out_dir, staged)  # meta.json last: a folder with a valid meta is complete
+        s.close()
+        _fsync_dir(stage)
+        _step("staged")
+        _swap_in(stage, out_dir)
     except BaseException:
-        for s in staged:
-            s.discard()
+        shutil.rmtree(stage, ignore_errors=True)
         raise
-    return out_dir
+    _fsync_dir(out_dir.parent)
+    return given
 
 
 def write_token_dataset(out_dir: str | Path, train_ids: np.ndarray, val_ids: np.ndarray, meta_extra: dict,
@@ -272,6 +379,7 @@ def prepare(raw_text: str, out_dir: str | Path, tokenizer: str = "byte", vocab_s
             created_by: str | None = None) -> tuple[Path, bool]:
     """Split, (train BPE on train only,) encode and write `raw_text`. Returns (out_dir, written);
     written is False when the folder already holds exactly this dataset and `force` is False."""
+    recover(out_dir)  # first: a killed earlier run may have left its old copy aside
     text_sha = hashlib.sha256(raw_text.encode("utf-8")).hexdigest()
     expect = {"tokenizer": tokenizer, "text_sha256": text_sha, "val_fraction": val_fraction,
               "requested_vocab_size": vocab_size if tokenizer == "bpe" else None}

@@ -2,7 +2,9 @@
 
 Offline and fast: every corpus is a few KB of text made here; nothing is downloaded.
 """
+import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -94,32 +96,112 @@ def test_prepare_rerun_is_noop_and_force_rewrites(tmp_path):
     assert load_token_data(out).meta["n_train"] + load_token_data(out).meta["n_val"] == len(corpus(200))
 
 
-@pytest.mark.parametrize("hard_links,fail_at", [(True, 1), (True, 2), (True, 3), (False, 2), (False, 3), (False, 6)])
-def test_interrupted_write_keeps_old_dataset(tmp_path, monkeypatch, hard_links, fail_at):
-    # os.replace calls: with hard links one per file (train, val, meta); without, the old file is
-    # first moved aside, so two per file. (True, 2): train.bin is already replaced, val.bin fails.
+def _run_writer(tmp_path, out: Path, body: str, text: str) -> int:
+    """Rebuild `out` from `text` in a child process after running `body` (which may set crash
+    hooks); returns the child's exit code (-9 when it was SIGKILLed)."""
+    import subprocess
+    script = tmp_path / "writer.py"
+    script.write_text(f"import os, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                      f"from data_scripts import tokenize_corpus as tc\n{body}\n"
+                      f"tc.prepare(open({str(script) + '.txt'!r}).read(), {str(out)!r}, 'byte', force=True)\n")
+    Path(str(script) + ".txt").write_text(text)
+    return subprocess.run([sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
+
+
+def _same_data(out: Path, text: str) -> bool:
+    d = load_token_data(out)  # verifies every sha256
+    return bytes(np.concatenate([d.train, d.val]).astype(np.uint8)).decode() == text
+
+
+def test_sigkill_right_after_the_first_move_leaves_a_complete_dataset(tmp_path):
+    # The writer dies just after its first rename of anything (os.replace, os.rename or the atomic
+    # exchange), i.e. in the middle of committing a rebuild. The folder must hold one complete
+    # dataset, the old or the new one, never a mix (before issue 9: the new train.bin beside the
+    # old meta.json), and the next run must remove what the dead writer left behind.
+    out, _ = tc.prepare(corpus(), tmp_path / "data" / "d", "byte")
+    kill = ("def dying(f):\n    def g(*a, **k):\n        f(*a, **k)\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    return g\nos.replace, os.rename = dying(os.replace), dying(os.rename)\n"
+            "if hasattr(tc, '_exchange'): tc._exchange = dying(tc._exchange)")
+    assert _run_writer(tmp_path, out, kill, corpus(200)) == -9
+    assert _same_data(out, corpus()) or _same_data(out, corpus(200))
+    tc.prepare(corpus(200), out, "byte")  # the next run
+    assert leftovers(out.parent) == [] and leftovers(out) == [] and _same_data(out, corpus(200))
+
+
+@pytest.mark.parametrize("exchange,point,survivor", [
+    (True, "staged", "old"), (True, "swapped", "new"),  # atomic exchange (Linux)
+    (False, "staged", "old"), (False, "moved_aside", "old"), (False, "swapped", "new")])  # two renames
+def test_sigkill_during_rebuild(tmp_path, exchange, point, survivor):
+    out, _ = tc.prepare(corpus(), tmp_path / "data" / "d", "byte")
+    hook = "" if exchange else "tc._exchange = lambda a, b: False\n"
+    hook += f"tc._step = lambda p: os.kill(os.getpid(), signal.SIGKILL) if p == {point!r} else None"
+    assert _run_writer(tmp_path, out, hook, corpus(200)) == -9
+    assert leftovers(out.parent) != []  # the dead writer's staging folder (or old copy) is still there
+    if point == "moved_aside":  # died between the two renames: no dataset in place until recovered
+        with pytest.raises(DataError, match="no token data"):
+            load_token_data(out)
+    tc.recover(out)  # what the next run of either prepare script does first
+    assert leftovers(out.parent) == []
+    assert _same_data(out, corpus() if survivor == "old" else corpus(200))
+
+
+def test_leftovers_of_live_writers_are_kept(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte")
+    mine = tmp_path / f".d.tmp-{os.getpid()}-0123abcd"  # this process is alive: maybe still writing
+    dead = tmp_path / ".d.tmp-999999999-0123abcd"  # no such pid
+    other = tmp_path / ".e.tmp-999999999-0123abcd"  # another dataset's business
+    for p in (mine, dead, other):
+        p.mkdir()
+    tc.recover(out)
+    assert leftovers(tmp_path) == sorted([mine.name, other.name])
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_racing_rebuilds_leave_a_complete_dataset(tmp_path, exchange):
+    # Two writers rebuild one folder 15 times each, with different text. At the end the folder holds
+    # one writer's complete dataset and nothing else is left; with the atomic exchange the folder
+    # holds a meta.json at every instant (the two-rename fallback has a moment without a folder).
+    import subprocess
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte")
+    texts = {corpus(200): "a", corpus(300): "b"}
+    procs = []
+    for text, name in texts.items():
+        (tmp_path / f"{name}.txt").write_text(text)
+        procs.append(subprocess.Popen([sys.executable, "-c",
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_scripts import tokenize_corpus as tc\n"
+            f"if not {exchange}: tc._exchange = lambda a, b: False\n"
+            f"for _ in range(15): tc.prepare(open({str(tmp_path / name) + '.txt'!r}).read(), {str(out)!r}, force=True)"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    while any(p.poll() is None for p in procs):
+        assert (out / "meta.json").is_file() or not exchange
+    assert [p.returncode for p in procs] == [0, 0]
+    assert _same_data(out, corpus(200)) or _same_data(out, corpus(300))
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("exchange,where", [(True, "staged"), (False, "staged"), (False, "moved_aside")])
+def test_failed_rebuild_keeps_old_dataset(tmp_path, monkeypatch, exchange, where):
     out, _ = tc.prepare(corpus(), tmp_path / "d", "byte")
     before = snapshot(out)
-    real_replace, calls = os.replace, []
 
-    def flaky_replace(src, dst):
-        calls.append(dst)
-        if len(calls) == fail_at:
+    def fail(point):
+        if point == where:
             raise OSError("disk full (simulated)")
-        return real_replace(src, dst)
 
-    def no_link(src, dst):
-        raise OSError("hard links not supported (simulated)")
-
-    monkeypatch.setattr(os, "replace", flaky_replace)
-    if not hard_links:
-        monkeypatch.setattr(os, "link", no_link)
+    monkeypatch.setattr(tc, "_step", fail)
+    if not exchange:
+        monkeypatch.setattr(tc, "_exchange", lambda a, b: False)
     with pytest.raises(OSError, match="simulated"):
         tc.prepare(corpus(200), out, "byte")
-    monkeypatch.undo()
-    assert leftovers(out) == []
-    assert {k: v[1] for k, v in snapshot(out).items()} == {k: v[1] for k, v in before.items()}
-    load_token_data(out)  # the old dataset still verifies
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_folder_with_other_files_is_refused(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"notes\.txt.*--out"):
+        tc.prepare(corpus(200), out, "byte")
+    assert (out / "notes.txt").read_text() == "mine" and _same_data(out, corpus())
 
 
 def test_failed_first_write_leaves_nothing(tmp_path):
@@ -129,7 +211,7 @@ def test_failed_first_write_leaves_nothing(tmp_path):
 
     with pytest.raises(RuntimeError, match="crashed"):
         tc.write_token_streams(tmp_path / "d", bad_stream(), [], {"vocab_size": 257})
-    assert list((tmp_path / "d").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_dir_names_the_prepare_command(tmp_path):
@@ -139,12 +221,59 @@ def test_missing_dir_names_the_prepare_command(tmp_path):
         load_token_data(tmp_path / "shakespeare_bpe512")
 
 
+def test_fix_command_rebuilds_the_folder_it_names(tmp_path):
+    # a copy of the repo's data/shakespeare elsewhere: its meta says how data/shakespeare was built,
+    # but the fix must rebuild the copy (before issue 9 it pointed at the repo's folder)
+    shakespeare = "python data_scripts/prepare_shakespeare.py"
+    out, _ = tc.prepare(corpus(), tmp_path / "x" / "shakespeare", "byte", created_by=shakespeare)
+    (out / "val.bin").write_bytes((out / "val.bin").read_bytes()[:-2])
+    with pytest.raises(DataError, match=re.escape(f"run `{shakespeare} --out {out} --force`") + "$"):
+        load_token_data(out)
+    # built with --out somewhere else, then moved: the command names where it is now
+    out, _ = tc.prepare(corpus(), tmp_path / "y", "byte", created_by=f"{shakespeare} --out /elsewhere/y")
+    moved = out.rename(tmp_path / "z")
+    (moved / "val.bin").unlink()
+    with pytest.raises(DataError, match=re.escape(f"run `{shakespeare} --out {moved} --force`") + "$"):
+        load_token_data(moved)
+    # at its default place the command needs no --out
+    from accellib.data import prepare_hint
+    assert prepare_hint(ROOT / "data" / "shakespeare", shakespeare) == f"run `{shakespeare} --force`"
+    assert prepare_hint(ROOT / "data" / "shakespeare_bpe512") == \
+        "run `python data_scripts/prepare_shakespeare.py --tokenizer bpe --vocab-size 512 --force`"
+    assert prepare_hint(ROOT / "data" / "openwebtext_gpt2", force=False) == \
+        "run `python data_scripts/prepare_hf.py --dataset openwebtext --tokenizer gpt2`"
+
+
+def test_unknown_folder_is_not_told_to_hold_shakespeare(tmp_path):
+    with pytest.raises(DataError) as e:
+        load_token_data(tmp_path / "owt_gpt2")
+    msg = str(e.value)
+    assert "prepare_shakespeare.py" in msg and "prepare_hf.py" in msg and f"--out {tmp_path / 'owt_gpt2'}" in msg
+    assert "run `" not in msg and "\n" not in msg
+
+
+def test_token_ids_beyond_the_vocab_are_a_data_error(tmp_path):
+    out, _ = tc.prepare(corpus(), tmp_path / "d", "byte", created_by="python data_scripts/prepare_shakespeare.py")
+    top = int(load_token_data(out).train.max())  # 'y' = 121 in this text
+    meta = tc.read_meta(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab_size": 100}))  # too small for the ids
+    with pytest.raises(DataError, match=rf"{out / 'train.bin'} holds token id {top} but meta\.json's vocab_size is "
+                                        rf"100 .*prepare_shakespeare\.py --out {out} --force`$"):
+        load_token_data(out)
+    load_token_data(out, verify=False)  # the cheap checks do not read the ids
+    with pytest.raises(ValueError, match="token id 300 is not below vocab_size 257"):  # nor does the writer write them
+        tc.write_token_dataset(tmp_path / "e", np.array([1, 300], np.uint16), np.array([1], np.uint16),
+                               {"vocab_size": 257})
+    assert not (tmp_path / "e").exists()
+
+
 def test_corrupted_file_is_detected(tmp_path):
     out, _ = tc.prepare(corpus(), tmp_path / "d", "byte", created_by="python data_scripts/prepare_shakespeare.py")
     raw = bytearray((out / "train.bin").read_bytes())
     raw[100] ^= 0x01  # flip one bit; the size stays the same
     (out / "train.bin").write_bytes(bytes(raw))
-    with pytest.raises(DataError, match=r"train\.bin.*prepare_shakespeare\.py --force"):
+    with pytest.raises(DataError, match=re.escape(f"train.bin is corrupt (sha256 differs from meta.json): "
+                                                  f"run `python data_scripts/prepare_shakespeare.py --out {out} --force`")):
         load_token_data(out)
     load_token_data(out, verify=False)  # the cheap checks still pass
     assert not tc.is_up_to_date(out, {})
@@ -320,5 +449,6 @@ def test_shakespeare_reader_checks_the_byte_count(tmp_path):
 def test_missing_bin_file_is_a_data_error(tmp_path):
     out, _ = tc.prepare(corpus(), tmp_path / "d", "byte", created_by="python data_scripts/prepare_shakespeare.py")
     (out / "train.bin").unlink()
-    with pytest.raises(DataError, match=r"train\.bin is missing: run `python data_scripts/prepare_shakespeare\.py --force`"):
+    with pytest.raises(DataError, match=re.escape(
+            f"train.bin is missing: run `python data_scripts/prepare_shakespeare.py --out {out} --force`")):
         load_token_data(out)
