@@ -1,0 +1,52 @@
+"""The shipped configs: every one loads, and the GPU-scale ones read the folder that
+data_scripts/prepare_hf.py writes by default and refuse to run without CUDA."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # data_scripts/ is not installed with the package
+    sys.path.insert(0, str(ROOT))
+
+from accellib.config import load_config  # noqa: E402
+from accellib.data import prepare_hint  # noqa: E402
+from data_scripts.prepare_hf import default_out_dir  # noqa: E402
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # configs/accelerate/ holds accelerate's own files
+GPU_SCALE = {  # config -> the prepare_hf.py --dataset it trains on (all with the GPT-2 tokenizer)
+    "gpt2_small_owt": "openwebtext", "multilevel_gpt_base": "openwebtext", "pld_gpt2_medium_owt": "openwebtext",
+    "random_ltd_gpt2_medium_owt": "openwebtext", "random_ltd_gpt2_small_owt": "openwebtext",
+    "pld_bert_base": "wikitext-103",
+}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_loads(path):
+    if "\narms:" in path.read_text():  # the main job's file: a base config plus arms, for accellib.compare
+        from accellib.compare import arm_configs
+        cfg = arm_configs(path, None, None)["baseline"]
+    else:
+        cfg = load_config(path)
+    if path.stem in GPU_SCALE:
+        assert cfg.train.device == "cuda"  # a run without CUDA fails in one line, not after days on a CPU
+    else:
+        assert cfg.train.device == "auto" and Path(cfg.data.path).name == "shakespeare"
+
+
+def test_every_gpu_scale_config_is_listed():
+    assert set(GPU_SCALE) <= {p.stem for p in CONFIGS}
+    cuda = {p.stem for p in CONFIGS if "device: cuda" in p.read_text()}
+    assert cuda == set(GPU_SCALE)
+
+
+@pytest.mark.parametrize("name,dataset", sorted(GPU_SCALE.items()))
+def test_gpu_scale_config_reads_what_prepare_hf_writes(name, dataset):
+    path = ROOT / "configs" / f"{name}.yaml"
+    default = default_out_dir(dataset, "gpt2")
+    assert ROOT / load_config(path).data.path == default
+    command = f"python data_scripts/prepare_hf.py --dataset {dataset} --tokenizer gpt2"
+    # the hint for missing data, and the Prepare: comment at the top of the config
+    assert prepare_hint(default, force=False) == f"run `{command}`"
+    assert re.search(rf"^# Prepare: +{re.escape(command)}$", path.read_text(), re.M)
