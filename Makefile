@@ -1,7 +1,14 @@
 # Two commands on a fresh machine:
 #   make quickstart   create .venv, install, prepare the Shakespeare corpus, run the main job
 #   make test         the whole test suite, notebooks included (what CI runs)
-PYTHON ?= python3.11
+# The Python that creates .venv: >= 3.11 (constraints.txt pins versions that need it). Found among
+# python3.11, python3.12, python3.13, python3 (the first that is >= 3.11), or: make PYTHON=/path/to/python3.11
+PY_OK  := import sys; sys.exit(sys.version_info < (3, 11))
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for p in python3.11 python3.12 python3.13 python3; do \
+            $$p -c '$(PY_OK)' 2>/dev/null && { command -v $$p; break; }; done)
+endif
+NO_PY  := error: no Python >= 3.11 (tried $(or $(PYTHON),python3.11 python3.12 python3.13 python3)): install one, then make PYTHON=/path/to/python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DATA   := data/shakespeare/meta.json
@@ -12,6 +19,7 @@ TEST_ENV := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "$(NO_PY)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
