@@ -3,28 +3,40 @@ seed and budget, then one summary table and one figure.
 
     python -m accellib.compare --config configs/quickstart.yaml --out runs/quickstart
     python -m accellib.compare --config configs/quickstart.yaml --out runs/q --arms baseline,pld --train.steps=50
+    python -m accellib.compare --config configs/quickstart.yaml --out runs/quickstart --resume   (after a crash)
 
 The YAML holds a base config plus `arms:`, a mapping arm name -> overrides of the base.
 """
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, apply_dict, load_config, parse_overrides
-from .train import USER_ERRORS, training_function
+from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides
+from .data import load_token_data
+from .records import read_record
+from .run_dir import has_checkpoint, holds_run, main_decides
+from .launch import process_state
+from .train import USER_ERRORS, report, training_function
 
 
 def load_arms(path: str | Path) -> tuple[dict, dict]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
-    raw = yaml.safe_load(p.read_text()) or {}
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p} must be a mapping of sections and `arms:`, got "
+                          f"{'an empty file' if raw is None else 'a ' + type(raw).__name__}; see configs/quickstart.yaml")
     arms = raw.pop("arms", None) or {"baseline": {}}
+    if not isinstance(arms, dict):
+        raise ConfigError(f"`arms:` in {p} must map arm names to overrides, e.g. `pld: {{pld: {{enabled: true}}}}`")
     return raw, arms
 
 
@@ -48,24 +60,89 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
-             overrides: list[str] | None = None, overwrite: bool = False) -> dict[str, dict]:
+def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str] | None) -> dict[str, RunConfig]:
+    """Every arm's config, validated, with its data checked and vocab_size filled in from it."""
     base, all_arms = load_arms(config)
     names = arms or list(all_arms)
     unknown = [a for a in names if a not in all_arms]
     if unknown:
         raise ConfigError(f"unknown arm {unknown[0]!r}; {config} defines {', '.join(all_arms)}")
     cli = parse_overrides(overrides or [])
-    results = {}
+    cfgs, vocab = {}, {}
     for name in names:
         cfg = load_config(None, None, extra=base)
         apply_dict(cfg, all_arms[name] or {})
         apply_dict(cfg, cli)
-        if overwrite:  # the user asked to replace earlier runs of these arms. Every rank deletes
-            # (races are ignored): no Accelerate state may exist yet, and the first collective in
-            # the trainer orders these deletions before any rank writes the new run.
-            shutil.rmtree(Path(out) / name, ignore_errors=True)
-        results[name] = training_function(cfg, Path(out) / name)
+        if cfg.data.path not in vocab:
+            vocab[cfg.data.path] = load_token_data(cfg.data.path).vocab_size  # DataError before any deletion
+        cfg.model.vocab_size = cfg.model.vocab_size or vocab[cfg.data.path]
+        cfgs[name] = cfg
+    return cfgs
+
+
+def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            if (d := _first_difference(va, vb, f"{prefix}{k}.")) is not None:
+                return d
+        elif va != vb:
+            return f"{prefix}{k}: {va!r} in the run, {vb!r} now"
+    return None
+
+
+def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: bool) -> dict[str, str]:
+    """What to do with each arm: "new", "replace", "resume" or "done" (raises a one-line ConfigError
+    when the folder holds arms and neither --resume nor --overwrite says what to do with them)."""
+    if resume and overwrite:
+        raise ConfigError("--resume keeps finished arms and --overwrite replaces them; choose one")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the comparison")
+    held = [n for n in cfgs if holds_run(out / n)]
+    if held and not (resume or overwrite):
+        raise ConfigError(f"{out} already holds arm(s) {', '.join(held)}; continue the comparison with --resume, "
+                          "or replace them with --overwrite (or choose another --out)")
+    states = {}
+    for name, cfg in cfgs.items():
+        d = out / name
+        if name not in held:
+            states[name] = "new"
+        elif overwrite:
+            states[name] = "replace"
+        else:
+            stored = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").is_file() else None
+            if stored is not None and (diff := _first_difference(stored, cfg.to_dict())):
+                raise ConfigError(f"arm {name} in {out} was trained with another config ({diff}); "
+                                  "use the same config and overrides to resume, or --overwrite")
+            states[name] = ("done" if (d / "record.json").is_file() else
+                            "resume" if has_checkpoint(d) else "replace")  # no checkpoint: start it again
+    return states
+
+
+def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
+             overrides: list[str] | None = None, overwrite: bool = False, resume: bool = False) -> dict[str, dict]:
+    """Train each arm into out/<arm>. Every arm's config and data are checked, and what to do with
+    each arm already in `out` is decided, before anything is trained or deleted."""
+    out = Path(out)
+    cfgs = arm_configs(config, arms, overrides)
+    process_state(next(iter(cfgs.values())).train.device)
+
+    def decide():
+        try:
+            return None, arm_states(out, cfgs, resume, overwrite)
+        except ConfigError as e:
+            return str(e), None
+    err, states = main_decides(decide)
+    if err:
+        raise ConfigError(err)
+    results = {}
+    for name, cfg in cfgs.items():
+        d, state = out / name, states[name]
+        if state == "done":
+            results[name] = read_record(d)["final"]
+            print(f"{name}: finished before, kept", flush=True)
+        else:
+            results[name] = training_function(cfg, d, resume=state == "resume", overwrite=state == "replace")
     return results
 
 
@@ -76,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/quickstart")
     ap.add_argument("--arms", help="comma-separated subset of the config's arms")
     ap.add_argument("--overwrite", action="store_true", help="replace earlier runs of these arms in --out")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue an interrupted comparison: finished arms are kept, a started one resumes")
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
         results = run_arms(args.config, args.out, args.arms.split(",") if args.arms else None,
-                           overrides, args.overwrite)
+                           overrides, args.overwrite, args.resume)
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
     from accelerate.state import PartialState
     if PartialState().is_main_process:
         from .plotting import plot_val_curves, save_fig, set_style

@@ -9,6 +9,7 @@ Technique sections (`pld`, `random_ltd`, ...) come from `accellib.techniques.REG
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -23,10 +24,10 @@ class ConfigError(ValueError):
     """A bad config key or value; the message is one line saying what to change."""
 
 
-def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None,
+def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None, below: Any = None,
         choices: Optional[list] = None):
-    """A dataclass field with help text and the allowed range/choices."""
-    meta = dict(help=help, min=min, max=max, choices=choices)
+    """A dataclass field with help text and the allowed range/choices (`below`: a strict upper bound)."""
+    meta = dict(help=help, min=min, max=max, below=below, choices=choices)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -44,8 +45,8 @@ class OptimConfig:
     min_lr_ratio: float = opt(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
     warmup_steps: int = opt(20, "linear warm-up, in optimizer steps", min=0)
     weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)", min=0.0)
-    beta1: float = opt(0.9, "AdamW beta1", min=0.0, max=1.0)
-    beta2: float = opt(0.95, "AdamW beta2", min=0.0, max=1.0)
+    beta1: float = opt(0.9, "AdamW beta1, in [0, 1)", min=0.0, below=1.0)
+    beta2: float = opt(0.95, "AdamW beta2, in [0, 1)", min=0.0, below=1.0)
     grad_clip: float = opt(1.0, "global grad-norm clip; 0 disables", min=0.0)
 
 
@@ -57,7 +58,7 @@ class TrainConfig:
     eval_every: int = opt(50, "evaluate every N steps (and at the end); 0 = only at the end", min=0)
     eval_windows: int = opt(64, "fixed validation windows per evaluation", min=1)
     log_every: int = opt(10, "train-loss log interval in steps", min=1)
-    checkpoint_every: int = opt(0, "checkpoint every N steps (always at the end); 0 = end only", min=0)
+    checkpoint_every: int = opt(100, "checkpoint every N steps (always at the end); 0 = end only", min=0)
     seed: int = opt(1337, "seed for init, data order and technique randomness", min=0)
     precision: str = opt("auto", "auto = bf16 on a bf16-capable GPU, else fp32",
                          choices=["auto", "fp32", "bf16"])
@@ -137,6 +138,8 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if typ is str:
         if not isinstance(value, str):
@@ -145,7 +148,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
 
 
 def _check_range(key: str, value: Any, meta: dict) -> None:
-    lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices")
+    lo, hi, below, choices = meta.get("min"), meta.get("max"), meta.get("below"), meta.get("choices")
     vals = value if isinstance(value, list) else [value]
     for v in vals:
         if choices is not None and v not in choices:
@@ -154,6 +157,8 @@ def _check_range(key: str, value: Any, meta: dict) -> None:
             raise ConfigError(f"{key}={v!r} is below the minimum {lo}")
         if hi is not None and v is not None and v > hi:
             raise ConfigError(f"{key}={v!r} is above the maximum {hi}")
+        if below is not None and v is not None and v >= below:
+            raise ConfigError(f"{key}={v!r} must be below {below}")
 
 
 def _update(section: str, obj: Any, values: dict) -> None:
@@ -170,7 +175,10 @@ def _update(section: str, obj: Any, values: dict) -> None:
         setattr(obj, k, v)
 
 
-def apply_dict(cfg: RunConfig, d: dict) -> RunConfig:
+def apply_dict(cfg: RunConfig, d: dict, source: str = "the config") -> RunConfig:
+    if d is not None and not isinstance(d, dict):
+        raise ConfigError(f"{source} must be a mapping of sections (model:, train:, ...), "
+                          f"got a {type(d).__name__}; see configs/tiny.yaml")
     sections = cfg.sections()
     for name, values in (d or {}).items():
         if name not in sections:
@@ -205,9 +213,13 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         if not p.is_file():
             raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
         try:
-            apply_dict(cfg, yaml.safe_load(p.read_text()) or {})
+            raw = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
             raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if raw is None:  # an empty file would otherwise train on the defaults without a word
+            raise ConfigError(f"{p} is empty; write at least one section (see configs/tiny.yaml), "
+                              "or leave out --config to train on the defaults")
+        apply_dict(cfg, raw, str(p))
     if extra:
         apply_dict(cfg, extra)
     return apply_dict(cfg, parse_overrides(overrides or []))

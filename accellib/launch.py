@@ -28,6 +28,24 @@ class LaunchError(RuntimeError):
     """The processes were not started the way the run needs; the message has the right command."""
 
 
+class SingleProcessLaunch(LaunchError):
+    """`accelerate launch --cpu --num_processes N` started one process where N were asked for."""
+
+
+def end_accelerate_launcher() -> None:
+    """accelerate's one-process launcher re-raises a failed child as a CalledProcessError traceback
+    that buries our one-line message. When it is our parent (it only waits for us), end it with
+    SIGTERM so the user sees our line alone; the shell then reports exit status 143."""
+    try:
+        import psutil  # a dependency of accelerate
+        parent = psutil.Process(os.getppid())
+        cmd = parent.cmdline()
+    except Exception:  # no such process, or no permission: leave it be
+        return
+    if any(c.endswith("accelerate") for c in cmd) and "launch" in cmd:
+        parent.terminate()
+
+
 def mixed_precision_for(precision: str) -> str:
     if precision == "bf16":
         return "bf16"
@@ -40,7 +58,7 @@ def check_world_size(num_processes: int) -> None:
     env_ws = os.environ.get("WORLD_SIZE")
     if env_ws is None:
         if os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
-            raise LaunchError("`accelerate launch --cpu --num_processes N` starts only ONE process "
+            raise SingleProcessLaunch("`accelerate launch --cpu --num_processes N` starts only ONE process "
                               f"without mpirun; launch with: {CPU_LAUNCH}")
         return
     if int(env_ws) != num_processes:
@@ -56,6 +74,14 @@ def use_cpu(device: str = "auto") -> bool:
                           "`python -c 'import torch; print(torch.cuda.is_available())'`); to run this "
                           "config on the CPU anyway, add --train.device=cpu")
     return device == "cpu" or not torch.cuda.is_available()
+
+
+def process_state(device: str = "auto"):
+    """Initialise the process group the way make_accelerator will (CPU mode without CUDA: a bare
+    PartialState() would fix a 1-process state on a CPU before the first Accelerator sees gloo).
+    Lets a command decide things on the main process before any Accelerator exists."""
+    from accelerate.state import PartialState
+    return PartialState(cpu=use_cpu(device))
 
 
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",

@@ -2,6 +2,7 @@
 
     python -m accellib.train --config configs/tiny.yaml --out runs/tiny [--section.key=value ...]
     python -m accellib.train --resume runs/tiny [--train.steps=600]
+    python -m accellib.train --config configs/tiny.yaml --out runs/tiny --overwrite   (replace a run)
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m accellib.train ...
     torchrun --nproc_per_node 2 -m accellib.train ...
     python -m accellib.train --help          (every option with its default)
@@ -15,27 +16,39 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, RunConfig, help_text, load_config
-from .data import DataError
-from .launch import LaunchError
+from .data import DataError, load_token_data
+from .launch import LaunchError, SingleProcessLaunch, end_accelerate_launcher, process_state
+from .run_dir import check_out, clear_run, holds_run, main_decides
 from .trainer import Trainer, TrainingError
 
 USER_ERRORS = (ConfigError, DataError, LaunchError, TrainingError)
-
-
-def training_function(cfg: RunConfig, out: str | Path, resume: bool = False) -> dict:
+def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> dict:
     """Train `cfg` into `out` (the same function serves the CLI, `accelerate launch` and
-    `notebook_launcher`); returns the final metrics on every process."""
+    `notebook_launcher`); returns the final metrics on every process. Everything is validated
+    (config, data, run folder) before `overwrite` deletes anything."""
     from .plotting import plot_val_curves, save_fig, set_style
     from .records import read_metrics, write_record
 
     out = Path(out)
+    data = load_token_data(cfg.data.path)
+    process_state(cfg.train.device)
+
+    def decide():
+        try:
+            check_out(out, resume, overwrite)
+        except ConfigError as e:
+            return str(e)
+        if overwrite and holds_run(out):
+            clear_run(out)
+        return None
+    err = main_decides(decide)
+    if err:
+        raise ConfigError(err)
     ml = cfg.techniques.get("multilevel")
     if ml is not None and ml.enabled:  # the V-cycle drives one trainer per stage itself
         from .techniques.vcycle import run_vcycle
-        return run_vcycle(cfg, out, resume=resume)
-    if not resume and (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size:
-        raise ConfigError(f"{out} already holds a run; continue it with --resume {out} or choose another --out")
-    trainer = Trainer(cfg, out)
+        return run_vcycle(cfg, out, resume=resume, data=data)
+    trainer = Trainer(cfg, out, data=data)
     final = trainer.fit(resume=resume)
     if trainer.is_main:
         write_record(out, cfg.to_dict(), final, trainer.accelerator,
@@ -46,6 +59,27 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False) -> 
     return final
 
 
+def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+    """The stored config of a run plus overrides that keep the model as it is."""
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} has no config.yaml; is it a run folder written by accellib.train?")
+    stored = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    for k, v in vars(cfg.model).items():
+        if k != "vocab_size" and getattr(stored.model, k) != v:
+            raise ConfigError(f"--model.{k}={v} changes the model of the run being resumed ({run_dir} has "
+                              f"model.{k}={getattr(stored.model, k)}); drop it, or start a new run with --out")
+    return cfg
+
+
+def report(e: Exception) -> int:
+    """Print a user error as one line; 2 is the exit status."""
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, SingleProcessLaunch):
+        end_accelerate_launcher()
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m accellib.train", description=__doc__,
@@ -54,22 +88,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="YAML config (see configs/)")
     ap.add_argument("--out", help="output folder of the run")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the run in --out (after the config and data are checked)")
     args, overrides = ap.parse_known_args(argv)
     try:
         if args.resume:
+            if args.overwrite or args.config:
+                raise ConfigError("--resume continues a run with its own config; drop --config/--overwrite")
             run_dir = Path(args.resume)
-            if not (run_dir / "config.yaml").exists():
-                raise ConfigError(f"{run_dir} has no config.yaml; is it a run folder written by accellib.train?")
-            cfg = load_config(run_dir / "config.yaml", overrides)
-            final = training_function(cfg, run_dir, resume=True)
+            final = training_function(resume_config(run_dir, overrides), run_dir, resume=True)
         else:
             if not args.out:
                 raise ConfigError("--out is required (the folder for metrics, checkpoints and the record)")
             cfg = load_config(args.config, overrides)
-            final = training_function(cfg, args.out)
+            final = training_function(cfg, args.out, overwrite=args.overwrite)
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
     from accelerate.state import PartialState
     if PartialState().is_main_process:
         print(f"final: step {final['step']}  val_loss {final['val_loss']:.4f}  bits/byte {final['val_bpb']:.3f}")

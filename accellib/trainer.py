@@ -25,7 +25,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from . import flops as F
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .data import TokenData, eval_windows, generator_for, load_token_data, mask_tokens, sample_batch
 from .launch import make_accelerator
 from .model import Plan, Transformer
@@ -46,13 +46,20 @@ class TrainState:
     blocks_run: int = 0          # executed blocks summed over micro-batches
     micro_batches: int = 0
     wall: float = 0.0            # seconds spent in training steps (eval/checkpoint excluded)
+    # the open train-loss averaging window (steps since the last log line), so that a run resumed
+    # between two log steps logs exactly what the uninterrupted run logs
+    win_loss: float = 0.0
+    win_steps: int = 0
+    win_tokens: int = 0
+    win_wall: float = 0.0
 
     def state_dict(self) -> dict:
         return asdict(self)
 
     def load_state_dict(self, d: dict) -> None:
         for f in fields(self):
-            setattr(self, f.name, d[f.name])
+            if f.name in d:  # checkpoints from before a field existed keep its default
+                setattr(self, f.name, d[f.name])
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -83,6 +90,10 @@ class Trainer:
         self.data = data if data is not None else load_token_data(cfg.data.path)
         if cfg.model.vocab_size == 0:
             cfg.model.vocab_size = self.data.vocab_size
+        if cfg.model.vocab_size < self.data.vocab_size:
+            raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
+                              f"{cfg.data.path} ({self.data.vocab_size} ids, meta.json); leave it 0 to take "
+                              "the data's size")
         if cfg.model.kind == "mlm" and self.data.mask_id is None:
             raise TrainingError(f"model.kind=mlm needs a [MASK] id in {cfg.data.path}/meta.json; "
                                 "re-run data_scripts/prepare_shakespeare.py --force")
@@ -98,6 +109,7 @@ class Trainer:
             self.accelerator.register_for_checkpointing(tech)  # has state_dict / load_state_dict
         self.last_lr = self.lr_schedule(self.state)
         self.out = Path(out_dir) if out_dir is not None else None
+        self.saved_step: Optional[int] = None  # step of the checkpoint on disk (None: none yet)
         self._eval = None
         for tech in self.techniques:
             tech.setup(self)
@@ -165,8 +177,7 @@ class Trainer:
         loss = torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in losses]).mean()
         loss = acc.reduce(loss.to(acc.device), "mean").item()  # the same number on every rank
         if not math.isfinite(loss):
-            raise TrainingError(f"training loss is {loss} at step {st.step}; lower optim.lr "
-                                f"(now {cfg.optim.lr}) or raise optim.warmup_steps; no checkpoint was written")
+            self._diverged(f"training loss is {loss} at step {st.step + 1}")
         if cfg.optim.grad_clip > 0:
             acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
         lr = self.lr_schedule(st)
@@ -204,6 +215,20 @@ class Trainer:
             self._eval = self.accelerator.prepare_data_loader(dl)
         return self._eval
 
+    def _diverged(self, what: str) -> None:
+        """Stop a run that produced non-finite numbers, saying truly what is on disk."""
+        if self.saved_step is None:
+            kept = "no checkpoint had been written"
+        else:
+            kept = f"the last good checkpoint (step {self.saved_step}) is kept in {self.checkpoint_dir() / 'last'}"
+        raise TrainingError(f"{what}; lower optim.lr (now {self.cfg.optim.lr}) or optim.weight_decay "
+                            f"(now {self.cfg.optim.weight_decay}), or raise optim.warmup_steps; {kept}")
+
+    def weights_finite(self) -> bool:
+        flags = torch.stack([p.detach().isfinite().all() for p in self.model.parameters()])
+        ok = flags.all().float()
+        return bool(self.accelerator.reduce(ok.to(self.accelerator.device), "mean").item() == 1.0)
+
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Full model (no plan), mean loss over the fixed validation windows of all ranks."""
@@ -221,6 +246,8 @@ class Trainer:
         c = self.accelerator.gather_for_metrics(torch.cat(counts)).sum().item()
         self.model.train()
         val = s / c
+        if not math.isfinite(val):
+            self._diverged(f"validation loss is {val} after step {self.state.step}")
         bpt = self.data.meta.get("bytes_per_token", 1.0)
         return dict(val_loss=val, val_bpb=val / math.log(2) / bpt)
 
@@ -232,6 +259,8 @@ class Trainer:
         """Write the full state to checkpoints/last atomically: save to a temp folder, then swap,
         so a crash mid-save never destroys the previous checkpoint."""
         acc, ck = self.accelerator, self.checkpoint_dir()
+        if not self.weights_finite():  # never replace a good checkpoint by a diverged model
+            self._diverged(f"the weights are not finite after step {self.state.step}")
         tmp, last, old = ck / ".tmp", ck / "last", ck / ".old"
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -244,19 +273,33 @@ class Trainer:
             tmp.rename(last)
             shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
+        self.saved_step = self.state.step
 
     def load(self, run_dir: Path) -> None:
         ck = run_dir / "checkpoints"
         src = ck / "last" if (ck / "last").exists() else ck / ".old"
         if not src.exists():
-            raise TrainingError(f"no checkpoint in {ck}; start a new run without --resume")
-        self.accelerator.load_state(str(src))
+            raise TrainingError(f"{run_dir} has no checkpoint (the run stopped before its first one); "
+                                f"start it again with: python -m accellib.train --config {run_dir / 'config.yaml'} "
+                                f"--out {run_dir} --overwrite")
+        try:
+            self.accelerator.load_state(str(src))
+        except Exception as e:  # truncated, garbage or missing files: torch/pickle raise many types
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise TrainingError(f"the checkpoint {src} cannot be read ({type(e).__name__}: {msg[:160]}); "
+                                f"restore the folder from a backup, or start the run again with --overwrite") from None
+        self.saved_step = self.state.step
+        # the optimizer's state dict carries its hyper-parameters: the config (with a resume's
+        # overrides, e.g. a lower weight decay after a divergence) wins over the stored values
+        o = self.cfg.optim
+        for g, wd in zip(self.optimizer.param_groups, (o.weight_decay, 0.0)):  # groups of param_groups()
+            g.update(weight_decay=wd, betas=(o.beta1, o.beta2))
 
     # ------------------------------------------------------------------ the loop
     def _log(self, rec: dict) -> None:
         if self.is_main and self.out is not None:
             with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
+                f.write(json.dumps(rec, allow_nan=False) + "\n")  # strict JSON: a NaN fails here
 
     def _train_record(self, loss: float, window_tokens: int, window_wall: float) -> dict:
         st = self.state
@@ -287,18 +330,17 @@ class Trainer:
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
                    desc="train", dynamic_ncols=True)
         final = {}
-        acc_loss, n_loss, w_tok, w_wall = 0.0, 0, 0, 0.0
         while st.step < t.steps and not any(x.should_stop(st) for x in self.techniques):
             tok0, wall0 = st.tokens, st.wall
             loss = self.train_step()
-            acc_loss, n_loss = acc_loss + loss, n_loss + 1
-            w_tok, w_wall = w_tok + st.tokens - tok0, w_wall + st.wall - wall0
+            st.win_loss, st.win_steps = st.win_loss + loss, st.win_steps + 1
+            st.win_tokens, st.win_wall = st.win_tokens + st.tokens - tok0, st.win_wall + st.wall - wall0
             bar.update(1)
             done = st.step >= t.steps or any(x.should_stop(st) for x in self.techniques)
             do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
             if st.step % t.log_every == 0 or do_eval:
-                rec = self._train_record(acc_loss / n_loss, w_tok, w_wall)
-                acc_loss, n_loss, w_tok, w_wall = 0.0, 0, 0, 0.0
+                rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall)
+                st.win_loss, st.win_steps, st.win_tokens, st.win_wall = 0.0, 0, 0, 0.0
                 if do_eval:
                     rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
                     bar.set_postfix(val=f"{rec['val_loss']:.3f}")
@@ -309,8 +351,8 @@ class Trainer:
             if self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
                 self.save()
         bar.close()
-        if not final or final.get("step") != st.step or "val_loss" not in final:
-            final = dict(self._train_record(float("nan"), 0, 1.0), **self.evaluate())
+        if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
+            final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
         return final
 
 

@@ -250,9 +250,9 @@ def test_resume_across_stage_boundary_is_exact(tiny_data_dir, tmp_path, monkeypa
 
 def _vcycle_and_dump(data_dir, out_dir, extra):
     from accelerate.state import AcceleratorState
-    from accellib.techniques.vcycle import _partial_state
+    from accellib.launch import process_state
     cfg = load_config(None, vcycle_overrides(data_dir, **extra))
-    ps = _partial_state()              # cpu=True as make_accelerator does, so gloo is picked up
+    ps = process_state()               # cpu=True as make_accelerator does, so gloo is picked up
     world = ps.num_processes
     final = run_vcycle(cfg, Path(out_dir) / f"run{world}")
     sd = torch.load(Path(out_dir) / f"run{world}" / "stage_2" / "final_model.pt", weights_only=True)

@@ -115,20 +115,32 @@ def stage_config(cfg: RunConfig, st: Stage) -> RunConfig:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _partial_state():
-    """The process group, initialised as make_accelerator does (cpu=True without CUDA: a bare
-    PartialState() would fix a 1-process state on CPU before the first Accelerator sees gloo)."""
-    from accelerate.state import PartialState
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
 def _cpu_state(model: torch.nn.Module) -> dict:
     return {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.state_dict().items()}
 
 
-def _load_progress(out: Path) -> dict:
+def _stage_plan(stages: list[Stage]) -> list[dict]:
+    return json.loads(json.dumps([dict(asdict(s), model=asdict(s.model)) for s in stages]))
+
+
+def _start_or_resume(out: Path, stages: list[Stage], resume: bool) -> tuple[Optional[str], dict]:
+    """(error, progress) as the main process sees the folder: a new run needs a folder without a
+    V-cycle; a resumed one needs vcycle.json with the same stage plan (the plan is a function of
+    train.steps and the multilevel section, so extending or re-planning a cycle is refused)."""
     p = out / "vcycle.json"
-    return json.loads(p.read_text()) if p.exists() else {}
+    if not resume:
+        if p.exists():
+            return f"{out} already holds a V-cycle run; continue it with --resume, or replace it with --overwrite", {}
+        return None, {}
+    if not p.exists():
+        return f"{out} has no vcycle.json to resume; start a new run without --resume", {}
+    progress = json.loads(p.read_text())
+    if progress.get("stages") != _stage_plan(stages):
+        old = sum(st["steps"] for st in progress.get("stages", []))
+        return (f"the overrides change the stage plan of the V-cycle in {out} (planned for {old} steps in all, "
+                f"now {sum(st.steps for st in stages)}); a V-cycle cannot be extended or re-planned on resume: "
+                "drop the overrides, or start a new run with another --out"), {}
+    return None, progress
 
 
 def _global_offsets(stages: list[Stage]) -> list[int]:
@@ -180,7 +192,9 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
     `accellib.launch.launch_processes` and `notebook_launcher`); returns the final metrics (cumulative tokens,
     FLOPs and wall, global step) on every process."""
     from ..trainer import Trainer   # lazy: accellib.trainer imports the technique registry, which imports us
-    out, ps = Path(out), _partial_state()
+    from ..launch import process_state
+    from ..run_dir import main_decides
+    out, ps = Path(out), process_state(cfg.train.device)
     ml = cfg.techniques["multilevel"]
     if not ml.enabled:
         raise ConfigError("run_vcycle needs multilevel.enabled=true (see configs/multilevel_tiny.yaml)")
@@ -189,11 +203,9 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
         cfg.model.vocab_size = data.vocab_size
     stages = plan_stages(cfg)
     m = ml.level_map()
-    if not resume and (out / "vcycle.json").exists():
-        raise ConfigError(f"{out} already holds a V-cycle run; continue it with --resume or choose another --out")
-    if resume and not (out / "vcycle.json").exists():
-        raise ConfigError(f"{out} has no vcycle.json to resume; start a new run without --resume")
-    progress = _load_progress(out) if resume else {}
+    err, progress = main_decides(lambda: _start_or_resume(out, stages, resume))  # rank 0 reads, all obey
+    if err:
+        raise ConfigError(err)
     progress.setdefault("done", {})
     progress.setdefault("start", {})
     if ps.is_main_process:
@@ -202,7 +214,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
         out.mkdir(parents=True, exist_ok=True)
         if not resume:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        progress["stages"] = [dict(asdict(s), model=asdict(s.model)) for s in stages]
+        progress["stages"] = _stage_plan(stages)
         write_json(out / "vcycle.json", progress)
     ps.wait_for_everyone()
 

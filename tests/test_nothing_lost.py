@@ -1,0 +1,198 @@
+"""Failure paths keep the last good state (issue 9, part 2). Each test failed before its fix."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from accellib.compare import main as compare_main
+from accellib.compare import run_arms
+from accellib.config import load_config
+from accellib.launch import launch_processes
+from accellib.records import read_metrics
+from accellib.train import main, training_function
+from accellib.trainer import Trainer
+from conftest import crash_and_resume, tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def strict_json_lines(path: Path) -> list[dict]:
+    def refuse(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+    return [json.loads(ln, parse_constant=refuse) for ln in path.read_text().splitlines() if ln]
+
+
+def test_diverged_weights_never_replace_the_last_good_checkpoint(tiny_data_dir, tmp_path, capsys):
+    # The issue's reproduction: with weight decay 1e10 the weights after step 2 are not finite while
+    # step 2's loss still is. Before: those weights were saved over step 1's checkpoint, metrics.jsonl
+    # got a bare NaN, and the message said no checkpoint was written.
+    run = tmp_path / "run"
+    argv = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(run), f"--data.path={tiny_data_dir}",
+            "--optim.weight_decay=1e10", "--train.checkpoint_every=1", "--train.log_every=1",
+            "--train.progress=false"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "the last good checkpoint (step 1) is kept" in err, err
+    sd = torch.load(run / "checkpoints" / "last" / "pytorch_model.bin", weights_only=True)
+    assert all(v.isfinite().all() for v in sd.values())
+    state = torch.load(run / "checkpoints" / "last" / "custom_checkpoint_0.pkl", weights_only=False)
+    assert state["step"] == 1
+    strict_json_lines(run / "metrics.jsonl")  # every line is standard JSON
+
+
+def test_resume_overrides_reach_the_optimizer(tiny_cfg, tmp_path):
+    # before: the optimizer state dict brought back the stored weight decay and betas, so "resume
+    # with a lower optim.weight_decay" silently kept the old one
+    training_function(tiny_cfg(**{"train.steps": 2}), tmp_path / "run")
+    tr = Trainer(tiny_cfg(**{"optim.weight_decay": 0.0, "optim.beta2": 0.9}), tmp_path / "run")
+    tr.load(tmp_path / "run")
+    assert [g["weight_decay"] for g in tr.optimizer.param_groups] == [0.0, 0.0]
+    assert all(g["betas"] == (0.9, 0.9) for g in tr.optimizer.param_groups)
+
+
+def test_nan_validation_loss_is_not_logged(tiny_cfg, tmp_path, monkeypatch):
+    from accellib.trainer import TrainingError
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy",
+                        lambda *a, **k: torch.full(a[1].shape, float("nan")))
+    with pytest.raises(TrainingError, match="validation loss is nan"):
+        Trainer(tiny_cfg(), tmp_path / "r").evaluate()
+
+
+def _small_yaml(tmp_path, data_dir) -> Path:
+    base = {k.split(".", 1)[0]: {} for k in ("model.x", "train.x", "optim.x", "data.x")}
+    for a in tiny_overrides(data_dir, **{"train.steps": 4, "train.checkpoint_every": 2}):
+        key, val = a[2:].split("=", 1)
+        s, k = key.split(".", 1)
+        base[s][k] = yaml.safe_load(val)
+    base["arms"] = {"baseline": {}, "pld": {"pld": {"enabled": True, "theta_bar": 0.5}}}
+    p = tmp_path / "cmp.yaml"
+    p.write_text(yaml.safe_dump(base))
+    return p
+
+
+def test_compare_overwrite_validates_before_deleting(tiny_data_dir, tmp_path):
+    # before: a bad --data.path deleted the finished baseline arm, then failed
+    cfg, out = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline"]) == 0
+    before = (out / "baseline" / "record.json").read_text()
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--overwrite",
+                         f"--data.path={tmp_path / 'missing'}"]) == 2
+    assert (out / "baseline" / "record.json").read_text() == before
+
+
+def test_compare_refuses_to_mix_old_and_new_arms(tiny_data_dir, tmp_path, capsys):
+    cfg, out = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline"]) == 0
+    assert compare_main(["--config", str(cfg), "--out", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_interrupted_compare_resumes(tiny_data_dir, tmp_path, monkeypatch):
+    # before: compare had no --resume; a crash in the second arm left nothing but --overwrite
+    cfg = _small_yaml(tmp_path, tiny_data_dir)
+    full = run_arms(cfg, tmp_path / "full")
+    orig = Trainer.train_step
+
+    def crash(self):
+        if self.techniques and self.state.step == 3:  # the pld arm, after its step-2 checkpoint
+            raise KeyboardInterrupt
+        return orig(self)
+    monkeypatch.setattr(Trainer, "train_step", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_arms(cfg, tmp_path / "part")
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    kept = (tmp_path / "part" / "baseline" / "record.json").stat().st_mtime_ns
+    part = run_arms(cfg, tmp_path / "part", resume=True)
+    assert (tmp_path / "part" / "baseline" / "record.json").stat().st_mtime_ns == kept   # not retrained
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    for arm in ("baseline", "pld"):
+        assert strip(read_metrics(tmp_path / "part" / arm)) == strip(read_metrics(tmp_path / "full" / arm))
+        assert part[arm]["val_loss"] == full[arm]["val_loss"]
+    # a changed config is refused instead of resumed into a mixed run
+    with pytest.raises(Exception, match="another config"):
+        run_arms(cfg, tmp_path / "part", resume=True, overrides=["--optim.lr=0.001"])
+
+
+def test_resume_logs_what_the_uninterrupted_run_logs(tiny_cfg, tmp_path, monkeypatch):
+    # checkpoint_every=3 is not a multiple of log_every=4: before, the loss window restarted at the
+    # resume and step 4 logged the mean of one step instead of four
+    kw = {"train.steps": 8, "train.log_every": 4, "train.checkpoint_every": 3, "train.eval_every": 0}
+    full, part, _, _ = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=5)
+    assert [r["step"] for r in full] == [4, 8]
+    assert part == full
+
+
+def _vcycle_argv(data_dir, **kw):
+    from test_multilevel import vcycle_overrides
+    return vcycle_overrides(data_dir, **kw)
+
+
+def test_vcycle_resume_with_more_steps_is_refused(tiny_data_dir, tmp_path, capsys):
+    # before: --resume --train.steps=20 after 10 steps exited 0, trained nothing, rewrote the stage
+    # plan in vcycle.json and shifted the logged steps
+    run = tmp_path / "ml"
+    assert main(["--out", str(run)] + _vcycle_argv(tiny_data_dir, **{"train.steps": 10})) == 0
+    plan, metrics = (run / "vcycle.json").read_text(), (run / "metrics.jsonl").read_text()
+    assert main(["--resume", str(run), "--train.steps=20"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "cannot be extended or re-planned" in err, err
+    assert (run / "vcycle.json").read_text() == plan and (run / "metrics.jsonl").read_text() == metrics
+
+
+def _racing_vcycle_start(data_dir, out_dir):
+    import accellib.techniques.vcycle as V
+    from accellib.launch import process_state
+    ps, orig = process_state(), V.plan_stages
+
+    def late_plan(cfg):  # rank 1 arrives after rank 0 has written vcycle.json (or 5 s have passed)
+        if ps.process_index == 1:
+            deadline = time.monotonic() + 5
+            while not (Path(out_dir) / "run" / "vcycle.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return orig(cfg)
+    V.plan_stages = late_plan
+    V.run_vcycle(load_config(None, _vcycle_argv(data_dir, **{"train.batch_size": 4, "train.steps": 4})),
+                 Path(out_dir) / "run")
+
+
+@pytest.mark.timeout(200)
+def test_two_process_vcycle_start_is_decided_by_rank0(tiny_data_dir, tmp_path):
+    # before: each rank checked for vcycle.json itself; a late rank 1 saw rank 0's fresh file and
+    # failed with "already holds a V-cycle run" (3 times in 10 under torchrun)
+    launch_processes(_racing_vcycle_start, (tiny_data_dir, tmp_path), 2, timeout_s=150)
+    stages = json.loads((tmp_path / "run" / "vcycle.json").read_text())["stages"]
+    final = json.loads((tmp_path / "run" / "record.json").read_text())["final"]
+    assert final["step"] == sum(st["steps"] for st in stages)
+
+
+def test_after_kill9_there_is_a_way_forward(tiny_data_dir, tmp_path):
+    # before: with checkpoint_every=0, --resume said "start a new run" and a new run said "--resume"
+    run = tmp_path / "run"
+    argv = ["--out", str(run)] + tiny_overrides(tiny_data_dir, **{"train.steps": 10**6, "train.checkpoint_every": 0,
+                                                                  "train.eval_every": 0})
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "accellib.train"] + argv, env=env, cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    res = subprocess.run([sys.executable, "-m", "accellib.train", "--resume", str(run)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "--overwrite" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    res = subprocess.run([sys.executable, "-m", "accellib.train"] + argv, env=env, cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "--overwrite" in res.stderr, res.stderr
+    short = [a if not a.startswith("--train.steps") else "--train.steps=3" for a in argv]
+    assert main(short + ["--overwrite"]) == 0
+    assert read_metrics(run)[-1]["step"] == 3
+    assert load_config().train.checkpoint_every > 0  # by default a run is resumable before its end
