@@ -124,8 +124,9 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     """Train each arm into out/<arm>. Every arm's config and data are checked, and what to do with
     each arm already in `out` is decided, before anything is trained or deleted."""
     out = Path(out)
+    base, _ = load_arms(config)
+    process_state(load_config(None, None, extra=base).train.device)  # launch/device errors before data errors
     cfgs = arm_configs(config, arms, overrides)
-    process_state(next(iter(cfgs.values())).train.device)
 
     def decide():
         try:

@@ -35,7 +35,10 @@ class SingleProcessLaunch(LaunchError):
 def end_accelerate_launcher() -> None:
     """accelerate's one-process launcher re-raises a failed child as a CalledProcessError traceback
     that buries our one-line message. When it is our parent (it only waits for us), end it with
-    SIGTERM so the user sees our line alone; the shell then reports exit status 143."""
+    SIGTERM so the user sees our line alone; the shell then reports exit status 143. Multi-process
+    launchers (torchrun, accelerate --multi_gpu) set WORLD_SIZE and are left alone."""
+    if "WORLD_SIZE" in os.environ:
+        return
     try:
         import psutil  # a dependency of accelerate
         parent = psutil.Process(os.getppid())
@@ -81,7 +84,9 @@ def process_state(device: str = "auto"):
     PartialState() would fix a 1-process state on a CPU before the first Accelerator sees gloo).
     Lets a command decide things on the main process before any Accelerator exists."""
     from accelerate.state import PartialState
-    return PartialState(cpu=use_cpu(device))
+    ps = PartialState(cpu=use_cpu(device))
+    check_world_size(ps.num_processes)
+    return ps
 
 
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",

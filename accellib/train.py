@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config import ConfigError, RunConfig, help_text, load_config
 from .data import DataError, load_token_data
-from .launch import LaunchError, SingleProcessLaunch, end_accelerate_launcher, process_state
+from .launch import LaunchError, end_accelerate_launcher, process_state
 from .run_dir import check_out, clear_run, holds_run, main_decides
 from .trainer import Trainer, TrainingError
 
@@ -30,8 +30,8 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     from .records import read_metrics, write_record
 
     out = Path(out)
+    process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     data = load_token_data(cfg.data.path)
-    process_state(cfg.train.device)
 
     def decide():
         try:
@@ -75,8 +75,7 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 def report(e: Exception) -> int:
     """Print a user error as one line; 2 is the exit status."""
     print(f"error: {e}", file=sys.stderr, flush=True)
-    if isinstance(e, SingleProcessLaunch):
-        end_accelerate_launcher()
+    end_accelerate_launcher()
     return 2
 
 

@@ -1,0 +1,92 @@
+"""Bad input gets one line that says what is wrong and how to fix it, never a traceback, and
+loses nothing (issue 9, part 3). Each case failed (traceback or silent run) before its fix."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accellib.train import main, training_function
+from conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def finished_run(tiny_cfg, tmp_path):
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 2}), run)
+    return run
+
+
+@pytest.mark.parametrize("text,msg", [("- model\n- train\n", "must be a mapping of sections"),
+                                      ("", "is empty"), ("# only a comment\n", "is empty")])
+def test_bad_yaml_top_level(text, msg, tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(text)
+    assert msg in one_line(capsys, ["--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "r")])
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("override,msg", [("--optim.lr=nan", "optim.lr must be a finite number"),
+                                          ("--optim.lr=inf", "optim.lr must be a finite number"),
+                                          ("--optim.beta2=1.0", "optim.beta2=1.0 must be below 1.0"),
+                                          ("--model.vocab_size=100", "smaller than the vocabulary")])
+def test_bad_values(override, msg, tiny_data_dir, tmp_path, capsys):
+    err = one_line(capsys, ["--out", str(tmp_path / "r")] + tiny_overrides(tiny_data_dir) + [override])
+    assert msg in err
+
+
+def test_resume_of_a_run_with_an_empty_config(finished_run, capsys):
+    (finished_run / "config.yaml").write_text("")  # before: it continued on the defaults
+    assert "is empty" in one_line(capsys, ["--resume", str(finished_run)])
+
+
+def test_resume_with_a_shape_changing_override(finished_run, capsys):
+    err = one_line(capsys, ["--resume", str(finished_run), "--model.d_model=64"])
+    assert "--model.d_model=64 changes the model" in err and "model.d_model=32" in err
+
+
+def test_out_is_a_file(tiny_data_dir, tmp_path, capsys):
+    (tmp_path / "f").write_text("keep me")
+    assert "is a file" in one_line(capsys, ["--out", str(tmp_path / "f")] + tiny_overrides(tiny_data_dir))
+    assert (tmp_path / "f").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing"])
+def test_damaged_checkpoint(damage, finished_run, capsys):
+    f = finished_run / "checkpoints" / "last" / "pytorch_model.bin"
+    if damage == "truncate":
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif damage == "garbage":
+        f.write_bytes(os.urandom(4096))
+    else:
+        f.unlink()
+    metrics = (finished_run / "metrics.jsonl").read_text()
+    err = one_line(capsys, ["--resume", str(finished_run), "--train.steps=4"])
+    assert "cannot be read" in err and "--overwrite" in err
+    assert (finished_run / "metrics.jsonl").read_text() == metrics  # nothing truncated or appended
+
+
+def test_accelerate_cpu_launch_trap_shows_only_our_line(tiny_data_dir, tmp_path):
+    # `accelerate launch --cpu --num_processes 2` starts one process; before, accelerate's
+    # CalledProcessError traceback was printed after our line
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([accelerate, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+                          "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "accellib.train",
+                          "--out", str(tmp_path / "r")] + tiny_overrides(tiny_data_dir),
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "starts only ONE process" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1
