@@ -90,3 +90,20 @@ def test_accelerate_cpu_launch_trap_shows_only_our_line(tiny_data_dir, tmp_path)
     assert "starts only ONE process" in res.stderr and "Traceback" not in res.stderr, res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1
+
+
+def test_gpu_config_without_cuda_fails_before_anything_else(tmp_path, capsys, monkeypatch):
+    # before: a GPU-scale config fell back to the CPU silently (or first asked for OpenWebText)
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = one_line(capsys, ["--config", str(ROOT / "configs" / "gpt2_small_owt.yaml"), "--out", str(tmp_path / "r")])
+    assert "train.device=cuda" in err and "--train.device=cpu" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_console_shows_progress_without_the_bar(tiny_cfg, tmp_path, capsys):
+    # before: with train.progress=false (the full-scale configs) nothing was printed until the end
+    training_function(tiny_cfg(**{"train.steps": 4, "train.log_every": 2, "train.eval_every": 4}), tmp_path / "r")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in lines] == ["2/4", "4/4"]
+    assert "train " in lines[0] and "tok/s" in lines[0] and "val " in lines[1]
