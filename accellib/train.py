@@ -73,8 +73,14 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 
 
 def report(e: Exception) -> int:
-    """Print a user error as one line; 2 is the exit status."""
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    """Print a user error as one line (once, from rank 0); 2 is the exit status."""
+    import os
+
+    import torch.distributed as dist
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # a clean exit: gloo aborts a process that leaves its group open
     end_accelerate_launcher()
     return 2
 
