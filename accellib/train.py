@@ -22,16 +22,27 @@ from .run_dir import check_out, clear_run, holds_run, main_decides
 from .trainer import Trainer, TrainingError
 
 USER_ERRORS = (ConfigError, DataError, LaunchError, TrainingError)
+
+
 def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> dict:
     """Train `cfg` into `out` (the same function serves the CLI, `accelerate launch` and
-    `notebook_launcher`); returns the final metrics on every process. Everything is validated
-    (config, data, run folder) before `overwrite` deletes anything."""
+    `notebook_launcher`); returns the final metrics on every process. Everything that can refuse
+    the run (launch, config, data, techniques, the V-cycle's stage plan, the run folder) is checked
+    before `overwrite` deletes anything."""
     from .plotting import plot_val_curves, save_fig, set_style
     from .records import read_metrics, write_record
 
     out = Path(out)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     data = load_token_data(cfg.data.path)
+    ml = cfg.techniques.get("multilevel")
+    vcycle = ml is not None and ml.enabled
+    if vcycle:  # the V-cycle drives one trainer per stage itself; planning it validates it
+        from .techniques.vcycle import plan_stages, run_vcycle
+        cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
+        plan_stages(cfg)
+    else:
+        trainer = Trainer(cfg, out, data=data)  # builds the techniques: writes nothing yet
 
     def decide():
         try:
@@ -44,11 +55,8 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     err = main_decides(decide)
     if err:
         raise ConfigError(err)
-    ml = cfg.techniques.get("multilevel")
-    if ml is not None and ml.enabled:  # the V-cycle drives one trainer per stage itself
-        from .techniques.vcycle import run_vcycle
+    if vcycle:
         return run_vcycle(cfg, out, resume=resume, data=data)
-    trainer = Trainer(cfg, out, data=data)
     final = trainer.fit(resume=resume)
     if trainer.is_main:
         write_record(out, cfg.to_dict(), final, trainer.accelerator,

@@ -196,3 +196,15 @@ def test_after_kill9_there_is_a_way_forward(tiny_data_dir, tmp_path):
     assert main(short + ["--overwrite"]) == 0
     assert read_metrics(run)[-1]["step"] == 3
     assert load_config().train.checkpoint_every > 0  # by default a run is resumable before its end
+
+
+@pytest.mark.parametrize("bad", [["--pld.enabled=true", "--sbld.enabled=true"],            # techniques clash
+                                 ["--multilevel.enabled=true", "--model.tie_head=true"]])  # V-cycle refuses
+def test_overwrite_with_a_config_the_trainer_refuses_keeps_the_run(tiny_data_dir, tmp_path, bad):
+    # the incompatibilities are found when the techniques / stages are built: that must happen
+    # before --overwrite deletes the finished run
+    run = tmp_path / "run"
+    assert main(["--out", str(run)] + tiny_overrides(tiny_data_dir, **{"train.steps": 2})) == 0
+    before = (run / "record.json").read_text()
+    assert main(["--out", str(run), "--overwrite"] + tiny_overrides(tiny_data_dir) + bad) == 2
+    assert (run / "record.json").read_text() == before and (run / "checkpoints" / "last").is_dir()
