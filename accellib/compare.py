@@ -18,8 +18,8 @@ import yaml
 from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides
 from .data import load_token_data
 from .records import read_record
-from .run_dir import has_checkpoint, holds_run, main_decides
 from .launch import process_state
+from .run_dir import has_checkpoint, holds_run, main_decides
 from .train import USER_ERRORS, report, training_function
 
 
@@ -61,23 +61,29 @@ def format_table(rows: list[dict]) -> str:
 
 
 def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str] | None) -> dict[str, RunConfig]:
-    """Every arm's config, validated, with its data checked and vocab_size filled in from it."""
+    """Every arm's config: the base, the arm's overrides, the command line's; validated."""
     base, all_arms = load_arms(config)
     names = arms or list(all_arms)
     unknown = [a for a in names if a not in all_arms]
     if unknown:
         raise ConfigError(f"unknown arm {unknown[0]!r}; {config} defines {', '.join(all_arms)}")
     cli = parse_overrides(overrides or [])
-    cfgs, vocab = {}, {}
+    cfgs = {}
     for name in names:
         cfg = load_config(None, None, extra=base)
         apply_dict(cfg, all_arms[name] or {})
-        apply_dict(cfg, cli)
-        if cfg.data.path not in vocab:
-            vocab[cfg.data.path] = load_token_data(cfg.data.path).vocab_size  # DataError before any deletion
-        cfg.model.vocab_size = cfg.model.vocab_size or vocab[cfg.data.path]
-        cfgs[name] = cfg
+        cfgs[name] = apply_dict(cfg, cli)
     return cfgs
+
+
+def check_data(cfgs: dict[str, RunConfig]) -> None:
+    """Open every arm's data (a DataError before anything is deleted) and fill in vocab_size, so the
+    configs compare equal to the ones stored in the arms' folders."""
+    vocab = {}
+    for cfg in cfgs.values():
+        if cfg.data.path not in vocab:
+            vocab[cfg.data.path] = load_token_data(cfg.data.path).vocab_size
+        cfg.model.vocab_size = cfg.model.vocab_size or vocab[cfg.data.path]
 
 
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
@@ -124,9 +130,9 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     """Train each arm into out/<arm>. Every arm's config and data are checked, and what to do with
     each arm already in `out` is decided, before anything is trained or deleted."""
     out = Path(out)
-    base, _ = load_arms(config)
-    process_state(load_config(None, None, extra=base).train.device)  # launch/device errors before data errors
     cfgs = arm_configs(config, arms, overrides)
+    process_state(next(iter(cfgs.values())).train.device)  # launch/device errors before data errors
+    check_data(cfgs)
 
     def decide():
         try:

@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMAT_VERSION = 1
 from . import REPO_ROOT as _ROOT  # the repo, where data/ and data_scripts/ live
+
+FORMAT_VERSION = 1
 
 
 class DataError(RuntimeError):

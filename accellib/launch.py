@@ -28,10 +28,6 @@ class LaunchError(RuntimeError):
     """The processes were not started the way the run needs; the message has the right command."""
 
 
-class SingleProcessLaunch(LaunchError):
-    """`accelerate launch --cpu --num_processes N` started one process where N were asked for."""
-
-
 def end_accelerate_launcher() -> None:
     """accelerate's one-process launcher re-raises a failed child as a CalledProcessError traceback
     that buries our one-line message. When it is our parent (it only waits for us), end it with
@@ -61,7 +57,7 @@ def check_world_size(num_processes: int) -> None:
     env_ws = os.environ.get("WORLD_SIZE")
     if env_ws is None:
         if os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
-            raise SingleProcessLaunch("`accelerate launch --cpu --num_processes N` starts only ONE process "
+            raise LaunchError("`accelerate launch --cpu --num_processes N` starts only ONE process "
                               f"without mpirun; launch with: {CPU_LAUNCH}")
         return
     if int(env_ws) != num_processes:
