@@ -50,3 +50,18 @@ def test_gpu_scale_config_reads_what_prepare_hf_writes(name, dataset):
     # the hint for missing data, and the Prepare: comment at the top of the config
     assert prepare_hint(default, force=False) == f"run `{command}`"
     assert re.search(rf"^# Prepare: +{re.escape(command)}$", path.read_text(), re.M)
+
+
+def test_documented_prepare_commands_write_where_the_configs_read():
+    # notebooks 01/03/04 once told students to prepare into data/owt_gpt2, a folder no config reads
+    docs = [ROOT / "README.md", *sorted((ROOT / "notebooks").glob("*.ipynb")),
+            *sorted((ROOT / "notebooks" / "solutions").glob("*.md"))]
+    read = {str(ROOT / load_config(ROOT / "configs" / f"{n}.yaml").data.path) for n in GPU_SCALE}
+    found = 0
+    for doc in docs:
+        for m in re.finditer(r"prepare_hf\.py --dataset (\S+) --tokenizer (gpt2)(?: --out (\S+))?", doc.read_text()):
+            found += 1
+            dataset, tok, out = m.groups()
+            dest = ROOT / out.rstrip("\\n\",") if out else default_out_dir(dataset, tok)
+            assert str(dest) in read, f"{doc.name}: {m.group(0)} writes {dest}, which no GPU-scale config reads"
+    assert found >= 3  # the README and the notebooks do show these commands
