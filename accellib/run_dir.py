@@ -1,8 +1,10 @@
 """A run folder's life cycle: what accellib writes there, whether a folder holds a run, and how
 one is replaced. Decisions about the folder are taken by the main process alone and shared with
-the others (`main_decides`), so ranks never race on the file system."""
+the others (`main_decides`), so ranks never race on the file system; and one command at a time may
+write to a folder (`lock_run`), so a second `--resume` of a running run cannot interleave its logs."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -30,10 +32,52 @@ def clear_run(out: Path) -> None:
         shutil.rmtree(d)
 
 
+LOCK = ".accellib.lock"  # holds the pid of the process writing the run
+
+
+def lock_run(out: Path) -> str | None:
+    """Take `out` for this process; returns None, or a one-line reason why not. A lock whose process
+    is gone (kill -9) is taken over. Release it with `unlock_run`."""
+    import psutil  # a dependency of accelerate
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a folder for the run"
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / LOCK
+    for _ in range(3):
+        try:
+            fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(p.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and psutil.pid_exists(pid):
+                return (f"another process (pid {pid}) is writing to {out}; wait for it to finish or stop it "
+                        f"(if no accellib process uses the folder, delete {p})")
+            p.unlink(missing_ok=True)  # its process is gone: take the folder over
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return None
+    return f"could not take {p} (other processes keep taking it); retry"
+
+
+def unlock_run(out: Path) -> None:
+    """Release `out` (if this process holds it); a folder left empty, e.g. by a refused run, is removed."""
+    p = out / LOCK
+    try:
+        if int(p.read_text().strip()) == os.getpid():
+            p.unlink()
+    except (OSError, ValueError):
+        pass
+    try:
+        out.rmdir()  # only succeeds when empty
+    except OSError:
+        pass
+
+
 def check_out(out: Path, resume: bool, overwrite: bool) -> None:
     """The run folder can be used as asked (raises a one-line ConfigError otherwise)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder for the run")
     if resume and not holds_run(out):
         raise ConfigError(f"{out} holds no run to resume; start one with --config ... --out {out}")
     if not resume and not overwrite and holds_run(out):

@@ -18,7 +18,7 @@ from pathlib import Path
 from .config import ConfigError, RunConfig, help_text, load_config
 from .data import DataError, load_token_data
 from .launch import LaunchError, end_accelerate_launcher, process_state
-from .run_dir import check_out, clear_run, holds_run, main_decides
+from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
 from .trainer import Trainer, TrainingError
 
 USER_ERRORS = (ConfigError, DataError, LaunchError, TrainingError)
@@ -44,10 +44,13 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     else:
         trainer = Trainer(cfg, out, data=data)  # builds the techniques: writes nothing yet
 
-    def decide():
+    def decide():  # on the main process: take the folder first, so no other command can change it meanwhile
+        if err := lock_run(out):
+            return err
         try:
             check_out(out, resume, overwrite)
         except ConfigError as e:
+            unlock_run(out)
             return str(e)
         if overwrite and holds_run(out):
             clear_run(out)
@@ -55,16 +58,20 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     err = main_decides(decide)
     if err:
         raise ConfigError(err)
-    if vcycle:
-        return run_vcycle(cfg, out, resume=resume, data=data)
-    final = trainer.fit(resume=resume)
-    if trainer.is_main:
-        write_record(out, cfg.to_dict(), final, trainer.accelerator,
-                     params=trainer.raw_model.num_params())
-        set_style()
-        save_fig(plot_val_curves({out.name: read_metrics(out)}, xs=("step", "flops", "wall")), out / "loss.png")
-    trainer.accelerator.wait_for_everyone()
-    return final
+    try:
+        if vcycle:
+            return run_vcycle(cfg, out, resume=resume, data=data)
+        final = trainer.fit(resume=resume)
+        if trainer.is_main:
+            write_record(out, cfg.to_dict(), final, trainer.accelerator,
+                         params=trainer.raw_model.num_params())
+            set_style()
+            save_fig(plot_val_curves({out.name: read_metrics(out)}, xs=("step", "flops", "wall")), out / "loss.png")
+        trainer.accelerator.wait_for_everyone()
+        return final
+    finally:
+        if process_state(cfg.train.device).is_main_process:
+            unlock_run(out)
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:

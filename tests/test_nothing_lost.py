@@ -208,3 +208,46 @@ def test_overwrite_with_a_config_the_trainer_refuses_keeps_the_run(tiny_data_dir
     before = (run / "record.json").read_text()
     assert main(["--out", str(run), "--overwrite"] + tiny_overrides(tiny_data_dir) + bad) == 2
     assert (run / "record.json").read_text() == before and (run / "checkpoints" / "last").is_dir()
+
+
+def test_a_second_command_on_a_running_folder_is_refused(tiny_cfg, tmp_path, capsys):
+    # before: two `--resume` of one run both trained and interleaved their lines in metrics.jsonl
+    from accellib.run_dir import LOCK
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 2}), run)
+    metrics = (run / "metrics.jsonl").read_text()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / LOCK).write_text(str(holder.pid))  # as a live accellib process would hold it
+        assert main(["--resume", str(run), "--train.steps=4"]) == 2
+        err = capsys.readouterr().err
+        assert f"another process (pid {holder.pid}) is writing to {run}" in err
+        assert (run / "metrics.jsonl").read_text() == metrics
+    finally:
+        holder.kill()
+        holder.wait()
+    # its process is gone (as after kill -9): the folder is taken over, and released at the end
+    assert main(["--resume", str(run), "--train.steps=4"]) == 0
+    assert [r["step"] for r in read_metrics(run)][-1] == 4 and not (run / LOCK).exists()
+
+
+def test_two_real_resumes_cannot_interleave(tiny_data_dir, tmp_path):
+    from accellib.run_dir import LOCK
+    run = tmp_path / "run"
+    argv = ["--out", str(run)] + tiny_overrides(tiny_data_dir, **{"train.steps": 2, "train.eval_every": 0})
+    assert main(argv) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "accellib.train", "--resume", str(run), "--train.steps=3000"]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / LOCK).exists():  # the first has taken the folder
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "is writing to" in second.stderr, second.stderr
+    finally:
+        first.kill()
+        first.wait()
+    steps = [r["step"] for r in read_metrics(run)]
+    assert steps == sorted(set(steps))  # one writer: strictly increasing, no duplicates
