@@ -12,6 +12,7 @@ Writes to --out: config.yaml, metrics.jsonl, checkpoints/last/, record.json, los
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -89,8 +90,6 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 
 def report(e: Exception) -> int:
     """Print a user error as one line (once, from rank 0); 2 is the exit status."""
-    import os
-
     import torch.distributed as dist
     if os.environ.get("RANK", "0") == "0":
         print(f"error: {e}", file=sys.stderr, flush=True)
