@@ -15,7 +15,7 @@ DATA   := data/shakespeare/meta.json
 # 2 cores: one torch thread per process keeps parallel test workers from oversubscribing
 TEST_ENV := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
 
-.PHONY: quickstart test install data notebooks clean
+.PHONY: quickstart test install data notebooks results clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -30,11 +30,16 @@ $(DATA): | $(VENV)/.installed
 	$(PY) data_scripts/prepare_shakespeare.py
 
 quickstart: install data
-	$(PY) -m accellib.compare --config configs/quickstart.yaml --out runs/quickstart --overwrite
+	$(PY) -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart --overwrite
 
 test: install data
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests notebooks \
 	  --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
+
+# The results cache the notebooks read (results/*.json): multi-seed, equal-compute experiments on the
+# tutorial baseline, about 25 min on 2 cores (benchmarks/reproduce.py --jobs N uses N cores)
+results: install data
+	$(PY) benchmarks/reproduce.py
 
 # Re-execute every notebook in place so stored outputs are the CI-scale outputs nbval checks.
 notebooks: install data

@@ -1,23 +1,29 @@
 """The main job: several arms (baseline and techniques) trained side by side on the same data,
 seed and budget, then one summary table and one figure.
 
-    python -m accellib.compare --config configs/quickstart.yaml --out runs/quickstart
-    python -m accellib.compare --config configs/quickstart.yaml --out runs/q --arms baseline,pld --train.steps=50
-    python -m accellib.compare --config configs/quickstart.yaml --out runs/quickstart --resume   (after a crash)
+    python -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart
+    python -m accellib.compare --config configs/tutorial.yaml --out runs/q --arms baseline,pld --train.steps=50
+    python -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart --resume   (after a crash)
+    python -m accellib.compare --config configs/tutorial.yaml --out runs/q3 --budget flops --seeds 3
 
 The YAML holds a base config plus `arms:`, a mapping arm name -> overrides of the base.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides
-from .data import load_token_data
-from .records import read_record
+from .budget import BUDGETS, resolve
+from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides, with_horizon
+from .data import load_token_data, ngram_references
+from .records import read_metrics, read_record, write_json
 from .launch import process_state
 from .run_dir import has_checkpoint, holds_run, main_decides
 from .train import USER_ERRORS, report, training_function
@@ -33,31 +39,11 @@ def load_arms(path: str | Path) -> tuple[dict, dict]:
         raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p} must be a mapping of sections and `arms:`, got "
-                          f"{'an empty file' if raw is None else 'a ' + type(raw).__name__}; see configs/quickstart.yaml")
+                          f"{'an empty file' if raw is None else 'a ' + type(raw).__name__}; see configs/tutorial.yaml")
     arms = raw.pop("arms", None) or {"baseline": {}}
     if not isinstance(arms, dict):
         raise ConfigError(f"`arms:` in {p} must map arm names to overrides, e.g. `pld: {{pld: {{enabled: true}}}}`")
     return raw, arms
-
-
-def summary_rows(results: dict[str, dict]) -> list[dict]:
-    base = results.get("baseline") or next(iter(results.values()))
-    rows = []
-    for arm, r in results.items():
-        rows.append(dict(arm=arm, val_loss=r["val_loss"], bits_per_byte=r["val_bpb"],
-                         tok_per_s=r["tokens"] / max(r["wall"], 1e-9), flops=r["flops"],
-                         flops_ratio=r["flops"] / base["flops"], wall_s=r["wall"],
-                         wall_ratio=r["wall"] / max(base["wall"], 1e-9)))
-    return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<14}{'val loss':>9}{'bits/byte':>10}{'tok/s':>9}{'FLOPs':>10}{'xFLOPs':>8}{'wall s':>8}{'xwall':>7}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['arm']:<14}{r['val_loss']:>9.3f}{r['bits_per_byte']:>10.3f}{r['tok_per_s']:>9.0f}"
-                     f"{r['flops']:>10.2e}{r['flops_ratio']:>8.2f}{r['wall_s']:>8.1f}{r['wall_ratio']:>7.2f}")
-    return "\n".join(lines)
 
 
 def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str] | None) -> dict[str, RunConfig]:
@@ -125,25 +111,92 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
     return states
 
 
+def seed_labels(arms: list[str], seed: int, seeds: int) -> dict[tuple[str, int], str]:
+    """(arm, seed) -> the run's folder under --out: `<arm>` for one seed, `<arm>/seed<k>` for several."""
+    return {(a, seed + k): a if seeds == 1 else f"{a}/seed{seed + k}" for a in arms for k in range(seeds)}
+
+
+def baseline_arm(names: list[str]) -> str:
+    return "baseline" if "baseline" in names else names[0]
+
+
+def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 1,
+              stored: dict | None = None, base_cfg: RunConfig | None = None) -> tuple[dict[str, RunConfig], dict]:
+    """Every run's config: each arm at each seed, with the steps (and FLOPs cap) its budget gives it.
+    `stored`: the budget.json of the comparison being resumed. A wall budget is measured, so the steps
+    stored for an arm are reused (measuring again would give a slightly different horizon); steps and
+    FLOPs budgets are recomputed, they come out the same. `base_cfg`: the baseline's config when the
+    baseline is not among `cfgs` (e.g. `--arms pld`), named "baseline"."""
+    base = baseline_arm(list(cfgs)) if base_cfg is None else "baseline"
+    seed0 = (base_cfg or cfgs[base]).train.seed
+    if stored is not None and (stored.get("budget"), stored.get("seeds")) != (budget, seeds):
+        raise ConfigError(f"the comparison was run with --budget {stored.get('budget')} --seeds {stored.get('seeds')}; "
+                          "resume it with the same, or --overwrite")
+    kept = (stored or {}).get("per_seed", {}) if budget == "wall" else {}
+    plans, runs = {}, {}
+    for k in range(seeds):
+        seeded = {a: copy.deepcopy(c) for a, c in cfgs.items()}
+        base_k = seeded[base] if base_cfg is None else copy.deepcopy(base_cfg)
+        for c in [*seeded.values(), base_k]:
+            c.train.seed = seed0 + k
+        old = kept.get(str(k), {}).get("steps", {})
+        todo = {a: c for a, c in seeded.items() if a not in old}
+        if budget == "wall" and k > 0:
+            plans[k] = plans[0]
+        elif todo:
+            plans[k] = resolve(budget, base_k, todo | {base: base_k}, world)
+            for field in ("steps", "flops_budget"):
+                plans[k][field] = {**kept.get(str(k), {}).get(field, {}), **plans[k][field]}
+        else:
+            plans[k] = kept[str(k)]
+        for a, c in seeded.items():
+            n, cap = plans[k]["steps"][a], plans[k]["flops_budget"][a]
+            c = with_horizon(c, n) if n != c.train.steps else c
+            c.train.flops_budget = cap
+            runs[seed_labels([a], seed0 + k, seeds)[(a, seed0 + k)]] = c
+    return runs, dict(budget=budget, seeds=seeds, seed0=seed0, baseline=base,
+                      per_seed={str(k): p for k, p in plans.items()})
+
+
 def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
-             overrides: list[str] | None = None, overwrite: bool = False, resume: bool = False) -> dict[str, dict]:
-    """Train each arm into out/<arm>. Every arm's config and data are checked, and what to do with
-    each arm already in `out` is decided, before anything is trained or deleted."""
+             overrides: list[str] | None = None, overwrite: bool = False, resume: bool = False,
+             budget: str = "steps", seeds: int = 1) -> dict[str, dict]:
+    """Train each arm (at each seed) into out/<arm>[/seed<k>]. Every run's config and data are checked,
+    and what to do with each run already in `out` is decided, before anything is trained or deleted."""
     out = Path(out)
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
     cfgs = arm_configs(config, arms, overrides)
-    process_state(next(iter(cfgs.values())).train.device)  # launch/device errors before data errors
+    ps = process_state(next(iter(cfgs.values())).train.device)  # launch/device errors before data errors
     check_data(cfgs)
+    bfile = out / "budget.json"
+    stored = json.loads(bfile.read_text()) if resume and bfile.is_file() else None
+    if budget == "wall" and ps.num_processes > 1:
+        raise ConfigError("--budget wall times steps in this process; run it with one process (or use --budget flops)")
+    base = baseline_arm(list(load_arms(config)[1]))
+    base_cfg = None if base in cfgs else arm_configs(config, [base], overrides)[base]
+    if base_cfg is not None:
+        check_data({base: base_cfg})
+    runs, plan = plan_runs(cfgs, seeds, budget, ps.num_processes, stored, base_cfg)
 
     def decide():
         try:
-            return None, arm_states(out, cfgs, resume, overwrite)
+            return None, arm_states(out, runs, resume, overwrite)
         except ConfigError as e:
             return str(e), None
     err, states = main_decides(decide)
     if err:
         raise ConfigError(err)
+    if ps.is_main_process:  # merged with what other invocations (e.g. `--arms pld`) stored
+        out.mkdir(parents=True, exist_ok=True)
+        now = json.loads(bfile.read_text()) if bfile.is_file() and not overwrite else {}
+        if (now.get("budget"), now.get("seeds")) == (budget, seeds):
+            for k, p in plan["per_seed"].items():
+                for field in ("steps", "flops_budget"):
+                    p[field] = {**now["per_seed"].get(k, {}).get(field, {}), **p[field]}
+        write_json(bfile, plan)
     results = {}
-    for name, cfg in cfgs.items():
+    for name, cfg in runs.items():
         d, state = out / name, states[name]
         if state == "done":
             results[name] = read_record(d)["final"]
@@ -153,33 +206,126 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     return results
 
 
+# ----------------------------------------------------------------------------- the summary
+def crossing(recs: list[dict], target: float, x: str) -> float:
+    """x (e.g. "flops", "wall") at which the validation loss first reaches `target`, linearly
+    interpolated between evaluations; inf when it never does."""
+    prev = None
+    for r in recs:
+        if "val_loss" not in r or r.get("transition"):  # a V-cycle's mid-transition check is not a model it trains on
+            continue
+        if r["val_loss"] <= target:
+            if prev is None or prev["val_loss"] == r["val_loss"]:
+                return float(r[x])
+            f = (prev["val_loss"] - target) / (prev["val_loss"] - r["val_loss"])
+            return float(prev[x] + f * (r[x] - prev[x]))
+        prev = r
+    return math.inf
+
+
+def _mean_sd(v: list[float]) -> tuple[float, float]:
+    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+
+
+def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
+    """One row per arm over its seeds: final loss (mean, sd), FLOPs and wall (ratios of means to the
+    baseline's), and the time to target: FLOPs and wall until the validation loss first reaches the same
+    seed's baseline final loss. A seed that never reaches it counts as infinitely slow, so it is never
+    dropped from the median: the median is "not reached" when half or more of the seeds miss."""
+    base = plan["baseline"]
+    results = dict(results)
+    for k in range(plan["seeds"]):  # the baseline's finished runs, also when this invocation did not train it
+        label = base if plan["seeds"] == 1 else f"{base}/seed{plan['seed0'] + k}"
+        if label not in results and (out / label / "record.json").is_file():
+            results[label] = read_record(out / label)["final"]
+    by_arm: dict[str, list[str]] = {}
+    for label in results:
+        by_arm.setdefault(label.split("/")[0], []).append(label)
+    if base not in by_arm:
+        return []
+    seed_of = lambda label: label.split("/")[1] if "/" in label else ""
+    target = {seed_of(lb): results[lb]["val_loss"] for lb in by_arm[base]}
+    bflops = statistics.fmean(results[lb]["flops"] for lb in by_arm[base])
+    bwall = statistics.fmean(results[lb]["wall"] for lb in by_arm[base])
+    rows = []
+    for arm, labels in by_arm.items():
+        recs = {lb: read_metrics(out / lb) for lb in labels}
+        hit_f = [crossing(recs[lb], target[seed_of(lb)], "flops") / bflops for lb in labels]
+        hit_w = [crossing(recs[lb], target[seed_of(lb)], "wall") / bwall for lb in labels]
+        loss, loss_sd = _mean_sd([results[lb]["val_loss"] for lb in labels])
+        wall, wall_sd = _mean_sd([results[lb]["wall"] for lb in labels])
+        flops = statistics.fmean(results[lb]["flops"] for lb in labels)
+        rows.append(dict(arm=arm, seeds=len(labels), steps=statistics.fmean(results[lb]["step"] for lb in labels),
+                         val_loss=loss, val_loss_sd=loss_sd,
+                         val_losses=[results[lb]["val_loss"] for lb in labels],
+                         bits_per_byte=statistics.fmean(results[lb]["val_bpb"] for lb in labels),
+                         flops=flops, flops_ratio=flops / bflops, wall_s=wall, wall_sd=wall_sd,
+                         wall_ratio=wall / max(bwall, 1e-9),
+                         tok_per_s=statistics.fmean(results[lb]["tokens"] / max(results[lb]["wall"], 1e-9) for lb in labels),
+                         reached=sum(math.isfinite(h) for h in hit_f),
+                         to_target_flops=statistics.median(hit_f), to_target_wall=statistics.median(hit_w)))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """The summary as text; with several seeds, loss and wall are mean ± sd, the time to target a median."""
+    sd = any(r["seeds"] > 1 for r in rows)
+    pm = lambda v, s, f: f"{v:{f}} ± {s:{f}}" if sd else f"{v:{f}}"
+    tt = lambda v: "not reached" if not math.isfinite(v) else f"{v:.2f}"
+    head = (f"{'arm':<16}{'steps':>6}{'val loss':>{17 if sd else 9}}{'bits/byte':>10}{'xFLOPs':>8}"
+            f"{'wall s':>{15 if sd else 8}}{'xwall':>7}  {'to target: xFLOPs':>18}{'xwall':>12}{'reached':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['arm']:<16}{r['steps']:>6.0f}{pm(r['val_loss'], r['val_loss_sd'], '.3f'):>{17 if sd else 9}}"
+                     f"{r['bits_per_byte']:>10.3f}{r['flops_ratio']:>8.2f}{pm(r['wall_s'], r['wall_sd'], '.1f'):>{15 if sd else 8}}"
+                     f"{r['wall_ratio']:>7.2f}  {tt(r['to_target_flops']):>18}{tt(r['to_target_wall']):>12}"
+                     f"{str(r['reached']) + '/' + str(r['seeds']):>9}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m accellib.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/quickstart.yaml")
+    ap.add_argument("--config", default="configs/tutorial.yaml")
     ap.add_argument("--out", default="runs/quickstart")
     ap.add_argument("--arms", help="comma-separated subset of the config's arms")
+    ap.add_argument("--budget", default="steps", choices=BUDGETS,
+                    help="what every arm spends as much of as the baseline: optimizer steps (the papers' "
+                         "protocol), FLOPs, or wall time (paired timing); schedules stretch to each arm's horizon")
+    ap.add_argument("--seeds", type=int, default=1, help="train every arm with seeds seed, seed+1, ...; "
+                                                          "the table gives mean ± sd")
     ap.add_argument("--overwrite", action="store_true", help="replace earlier runs of these arms in --out")
     ap.add_argument("--resume", action="store_true",
                     help="continue an interrupted comparison: finished arms are kept, a started one resumes")
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
         results = run_arms(args.config, args.out, args.arms.split(",") if args.arms else None,
-                           overrides, args.overwrite, args.resume)
+                           overrides, args.overwrite, args.resume, args.budget, args.seeds)
     except USER_ERRORS as e:
         return report(e)
     from accelerate.state import PartialState
     if PartialState().is_main_process:
         from .plotting import plot_val_curves, save_fig, set_style
-        from .records import read_metrics, write_json
-        rows = summary_rows(results)
+        out = Path(args.out)
+        plan = json.loads((out / "budget.json").read_text())
+        rows = summarize(out, results, plan)
+        if not rows:
+            print(f"no finished {plan['baseline']} run in {out} yet: the table compares with it, run that arm too")
+            return 0
+        print(f"budget: equal {args.budget}, {args.seeds} seed(s); to target = until the validation loss first "
+              "reaches the same seed's baseline final loss (ratios to the baseline's mean FLOPs and wall)")
         print(format_table(rows))
-        write_json(Path(args.out) / "summary.json", rows)
+        write_json(out / "summary.json", dict(budget=args.budget, seeds=args.seeds, rows=rows))
         set_style()
-        save_fig(plot_val_curves({a: read_metrics(Path(args.out) / a) for a in results}),
-                 Path(args.out) / "compare.png")
-        print(f"figure: {Path(args.out) / 'compare.png'}")
+        save_fig(plot_val_curves({a: read_metrics(out / a) for a in results}, references=_references(results, out)),
+                 out / "compare.png")
+        print(f"figure: {out / 'compare.png'}")
     return 0
+
+
+def _references(results: dict, out: Path) -> dict:
+    cfg = load_config(out / next(iter(results)) / "config.yaml")
+    return ngram_references(load_token_data(cfg.data.path), cfg.model.seq_len, cfg.train.eval_windows)
 
 
 if __name__ == "__main__":

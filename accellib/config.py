@@ -25,9 +25,11 @@ class ConfigError(ValueError):
 
 
 def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None, below: Any = None,
-        choices: Optional[list] = None):
-    """A dataclass field with help text and the allowed range/choices (`below`: a strict upper bound)."""
-    meta = dict(help=help, min=min, max=max, below=below, choices=choices)
+        choices: Optional[list] = None, horizon: Optional[str] = None):
+    """A dataclass field with help text and the allowed range/choices (`below`: a strict upper bound).
+    `horizon` marks a schedule length that follows the run's length (see `with_horizon`): "steps" (a
+    number of optimizer steps, 0 = automatic) or "rate" (a per-step decay rate)."""
+    meta = dict(help=help, min=min, max=max, below=below, choices=choices, horizon=horizon)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -67,6 +69,8 @@ class TrainConfig:
                       "(the full-scale configs); cpu = the CPU even when CUDA is present",
                       choices=["auto", "cuda", "cpu"])
     threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0)
+    flops_budget: float = opt(0.0, "also stop once the training FLOPs (all processes) reach this; 0 = off "
+                              "(compare --budget flops sets it to the baseline's)", min=0.0)
 
 
 MODEL_HELP = dict(
@@ -237,6 +241,26 @@ def validate(cfg: RunConfig) -> None:
                 c.validate()
             except (ValueError, AssertionError) as e:
                 raise ConfigError(f"{name}: {e}") from None
+
+
+def with_horizon(cfg: RunConfig, steps: int) -> RunConfig:
+    """A copy of `cfg` that trains for `steps` optimizer steps with every schedule stretched to the new
+    horizon, so an arm given more (or fewer) steps keeps the shape of its schedules: the LR's cosine
+    already ends at train.steps; fields marked `horizon="steps"` (e.g. random_ltd.ramp_steps) scale by
+    steps / train.steps, fields marked `horizon="rate"` (e.g. pld.gamma) by the inverse. The LR warm-up
+    (optim.warmup_steps) stays as it is: it protects the first updates whatever the run's length."""
+    import copy
+    c = copy.deepcopy(cfg)
+    f = steps / cfg.train.steps
+    for section in c.sections().values():
+        for fd in fields(section):
+            kind, v = fd.metadata.get("horizon"), getattr(section, fd.name)
+            if kind == "steps" and v > 0:
+                setattr(section, fd.name, max(1, round(v * f)))
+            elif kind == "rate":
+                setattr(section, fd.name, v / f)
+    c.train.steps = steps
+    return c
 
 
 def help_text() -> str:

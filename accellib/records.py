@@ -46,7 +46,7 @@ def _version(pkg: str) -> str | None:
 def write_json(path: str | Path, obj) -> None:
     """Atomic JSON write (temp file + rename): a crash never leaves half a record."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share a temp file
     tmp.write_text(json.dumps(obj, indent=1, default=float))
     os.replace(tmp, path)
 

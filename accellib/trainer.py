@@ -52,6 +52,7 @@ class TrainState:
     win_steps: int = 0
     win_tokens: int = 0
     win_wall: float = 0.0
+    win_grad_norm: float = 0.0   # largest pre-clip gradient norm in the window (spikes show here first)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -108,6 +109,7 @@ class Trainer:
         for tech in self.techniques:
             self.accelerator.register_for_checkpointing(tech)  # has state_dict / load_state_dict
         self.last_lr = self.lr_schedule(self.state)
+        self.last_grad_norm = 0.0
         self.out = Path(out_dir) if out_dir is not None else None
         self.saved_step: Optional[int] = None  # step of the checkpoint on disk (None: none yet)
         self._eval = None
@@ -178,8 +180,9 @@ class Trainer:
         loss = acc.reduce(loss.to(acc.device), "mean").item()  # the same number on every rank
         if not math.isfinite(loss):
             self._diverged(f"training loss is {loss} at step {st.step + 1}")
-        if cfg.optim.grad_clip > 0:
-            acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+        # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
+        norm = acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
+        self.last_grad_norm = float(norm)
         lr = self.lr_schedule(st)
         for tech in self.techniques:
             lr *= tech.lr_factor(st)
@@ -301,15 +304,21 @@ class Trainer:
             with open(self.out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")  # strict JSON: a NaN fails here
 
-    def _train_record(self, loss: float, window_tokens: int, window_wall: float) -> dict:
+    def _train_record(self, loss: float, window_tokens: int, window_wall: float, grad_norm: float = 0.0) -> dict:
         st = self.state
-        rec = dict(step=st.step, train_loss=round(loss, 5), lr=self.last_lr, tokens=st.tokens,
+        rec = dict(step=st.step, train_loss=round(loss, 5), grad_norm=round(grad_norm, 5), lr=self.last_lr, tokens=st.tokens,
                    flops=st.flops, layer_tokens=st.layer_tokens, wall=round(st.wall, 4),
                    tok_per_s=round(window_tokens / max(window_wall, 1e-9), 1),
                    blocks_per_micro_batch=round(st.blocks_run / max(1, st.micro_batches), 4))
         for tech in self.techniques:
             rec.update(tech.metrics(st))
         return rec
+
+    def finished(self) -> bool:
+        """train.steps done, train.flops_budget spent, or a technique's stop (e.g. a LayerToken budget)."""
+        st, t = self.state, self.cfg.train
+        return (st.step >= t.steps or (t.flops_budget > 0 and st.flops >= t.flops_budget)
+                or any(x.should_stop(st) for x in self.techniques))
 
     def fit(self, resume: bool = False) -> dict:
         """Train to cfg.train.steps (or a technique's stop), evaluating and checkpointing;
@@ -330,17 +339,18 @@ class Trainer:
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
                    desc="train", dynamic_ncols=True)
         final = {}
-        while st.step < t.steps and not any(x.should_stop(st) for x in self.techniques):
+        while not self.finished():
             tok0, wall0 = st.tokens, st.wall
             loss = self.train_step()
             st.win_loss, st.win_steps = st.win_loss + loss, st.win_steps + 1
             st.win_tokens, st.win_wall = st.win_tokens + st.tokens - tok0, st.win_wall + st.wall - wall0
+            st.win_grad_norm = max(st.win_grad_norm, self.last_grad_norm)
             bar.update(1)
-            done = st.step >= t.steps or any(x.should_stop(st) for x in self.techniques)
+            done = self.finished()
             do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
             if st.step % t.log_every == 0 or do_eval:
-                rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall)
-                st.win_loss, st.win_steps, st.win_tokens, st.win_wall = 0.0, 0, 0, 0.0
+                rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
+                st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
                 if do_eval:
                     rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
                     bar.set_postfix(val=f"{rec['val_loss']:.3f}")

@@ -59,9 +59,10 @@ def loss_at(recs: list[dict], flops: float) -> float:
 
 
 def _median(xs: list[float]) -> float:
-    """Median of the finite values (a seed that never reached the target does not count)."""
-    xs = [x for x in xs if not math.isnan(x)]
-    return statistics.median(xs) if xs else math.nan
+    """Median over every seed; a seed that never reached the target counts as infinitely slow (it is
+    not dropped), so the median is nan ("not reached") when half or more of the seeds miss."""
+    m = statistics.median(math.inf if math.isnan(x) else x for x in xs)
+    return m if math.isfinite(m) else math.nan
 
 
 def main() -> int:

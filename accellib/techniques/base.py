@@ -14,6 +14,8 @@ the ones it needs. The trainer calls them in this order:
     metrics(state)                          extra fields for metrics.jsonl
     should_stop(state)                      end training early (e.g. a LayerToken budget)
     state_dict() / load_state_dict(d)       registered with Accelerate's save_state/load_state
+    preview()                               instead of setup(), when plans are drawn without training
+                                            (compare's FLOPs and timing budgets, accellib/budget.py)
 
 `plan_fields` names the BlockPlan fields a technique writes ("run", "scale", "keep"); two enabled
 techniques that write the same field cannot compose and the trainer says so.
@@ -43,6 +45,10 @@ class Technique:
 
     def update_plan(self, plan: Any, step: int, micro_step: int) -> None:
         pass
+
+    def preview(self) -> None:
+        """Get ready to draw plans (and take steps) without training: replace whatever setup() would
+        learn from the model by a stand-in with the same compute (see accellib/budget.py)."""
 
     def extra_loss(self, model: Any, x: Any, y: Any, logits: Any) -> Optional[Any]:
         return None

@@ -30,7 +30,7 @@ class PLDConfig:
     enabled: bool = opt(False, "Progressive Layer Dropping (Zhang & He 2020)")
     theta_bar: float = opt(0.5, "floor of the global keep ratio theta(t)", min=0.05, max=1.0)
     gamma: float = opt(0.001, "decay rate of theta(t) per optimizer step (DeepSpeed default 0.001; "
-                              "tiny runs: about 10/train.steps)", min=0.0)
+                              "tiny runs: about 10/train.steps)", min=0.0, horizon="rate")
     convention: str = opt("paper", "depth schedule: paper (l=1..L), code (l=0..L-1, first block always "
                                    "kept), uniform (ablation: p_l = theta)", choices=["paper", "code", "uniform"])
     scale_by_inverse_p: bool = opt(True, "scale kept residual branches by 1/p_l (unbiased); false = ablation")

@@ -51,11 +51,12 @@ class RandomLTDConfig:
     min_len: int = opt(16, "r_min: kept tokens per sample at step 0 (rounded up to a multiple of step_len)", min=1)
     step_len: int = opt(8, "q: the kept length is a multiple of this (the paper's seq_per_step)", min=1)
     ramp_steps: int = opt(0, "T_r: optimizer steps for r to grow from min_len to the full length; "
-                             "0 = 60% of train.steps (or of budget_steps when set)", min=0)
+                             "0 = 60% of train.steps (or of budget_steps when set)", min=0, horizon="steps")
     layers: list[int] = opt([], "blocks that drop tokens; [] = the middle blocks 1..n_layer-2")
     layer_token_lr: bool = opt(False, "key LR warm-up/decay by consumed LayerTokens instead of steps")
     budget_steps: int = opt(0, "stop once LayerTokens reach this many full-length (baseline) steps' "
-                               "worth; also the LayerToken LR's decay end. 0 = stop at train.steps", min=0)
+                               "worth; also the LayerToken LR's decay end. 0 = stop at train.steps", min=0,
+                               horizon="steps")
 
     def validate(self) -> None:
         if any((not isinstance(i, int)) or i < 0 for i in self.layers):
@@ -151,6 +152,10 @@ class RandomLTD(Technique):
         if c.layer_token_lr:
             trainer.lr_schedule = LayerTokenLR(o.lr, o.warmup_steps, c.budget_steps or t.steps,
                                                o.min_lr_ratio, self.lt_per_step)
+
+    def preview(self) -> None:  # one process: LayerTokens of a full-length step
+        m, t = self.run_cfg.model, self.run_cfg.train
+        self.lt_per_step = t.grad_accum * t.batch_size * m.seq_len * m.n_layer
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
         r = self.last_r = self.schedule(step)

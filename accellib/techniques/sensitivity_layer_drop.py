@@ -125,14 +125,15 @@ def fit_pwegd(t, v, ks=(1.0, 1.5, 2.0, 3.0), betas=None) -> list[float]:
 class SBLDConfig:
     enabled: bool = opt(False, "Sensitivity-Based Layer Dropping (Zeng et al. 2023); reconstruction")
     theta_bar: float = opt(0.5, "floor of the global keep ratio theta(t)", min=0.05, max=1.0)
-    gamma: float = opt(0.001, "decay rate of PLD's theta(t) per step after profiling", min=0.0)
+    gamma: float = opt(0.001, "decay rate of PLD's theta(t) per step after profiling", min=0.0, horizon="rate")
     schedule: str = opt("pld", "global schedule: pld (default) or variance (PWEGD, needs variance_params)",
                         choices=["pld", "variance"])
     variance_params: list[float] = opt([], "[a0, a1, a2, k, beta] of the PWEGD curve (fit_pwegd), steps since profiling")
     profile_step: int = opt(-1, "profile after this many steps without dropping; -1 = auto "
-                                "max(2% of train.steps, min(100, steps/5)); 0 = at init", min=-1)
+                                "max(2% of train.steps, min(100, steps/5)); 0 = at init", min=-1, horizon="steps")
     profile_batches: int = opt(8, "fixed training batches used for profiling (per process)", min=1)
-    reprofile_every: int = opt(0, "re-profile every N steps after the first profile; 0 = never", min=0)
+    reprofile_every: int = opt(0, "re-profile every N steps after the first profile; 0 = never", min=0,
+                              horizon="steps")
     block_fraction: float = opt(0.25, "Block list = this fraction of blocks (at least 1), most sensitive",
                                 min=0.0, max=0.99)
     block_threshold: float = opt(0.0, "if > 0: Block list = blocks with s_l >= this * max s (replaces the fraction)",
@@ -162,6 +163,7 @@ class SensitivityLayerDrop(LayerDropTechnique):
         self._cache: dict[int, list[float]] = {}
         self._fmax = None
         self._warned = False
+        self._previewing = False   # preview(): stand-in profile, never profile
 
     # ---------------------------------------------------------------- schedule
     def theta(self, step: int) -> float:
@@ -229,9 +231,18 @@ class SensitivityLayerDrop(LayerDropTechnique):
         if self.W == 0 and self.sensitivity is None:
             self.profile(trainer)
 
+    def preview(self) -> None:
+        # equal sensitivities: a keep list with the same budget sum_l p_l = theta(t) L (so the same
+        # expected FLOPs) as any trained profile, and no profiling
+        self.sensitivity = [1.0] * self.n_layer
+        self.block = block_list(self.sensitivity, self.cfg.block_fraction, self.cfg.block_threshold)
+        self._previewing = True
+
     def step_end(self, trainer) -> None:
         super().step_end(trainer)
         s, R = trainer.state.step, self.cfg.reprofile_every
+        if self._previewing:
+            return
         if s == self.W or (R and s > self.W and (s - self.W) % R == 0):
             self.profile(trainer)
 

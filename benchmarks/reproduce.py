@@ -1,0 +1,137 @@
+"""The results cache (`make results`): the longer, multi-seed experiments the notebooks plot, run with
+`accellib.compare` and written to results/<name>.json with what made them (config, commit, versions,
+machine, wall time of the experiment).
+
+    python benchmarks/reproduce.py                       # every experiment, jobs = CPU cores
+    python benchmarks/reproduce.py --only tutorial_flops --jobs 2
+    python benchmarks/reproduce.py --quick               # smoke run: 2 seeds, 40 steps, nothing written to results/
+
+Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in runs/reproduce/<name>/):
+  tutorial_lr_sweep  the baseline over peak LR x warm-up, 3 seeds (notebook 00's tuning)
+  tutorial_steps     every arm at the baseline's optimizer steps (the papers' protocol), 3 seeds
+  tutorial_flops     every arm at the baseline's FLOPs (compare --budget flops), 3 seeds: the compute-matched
+                     comparison every notebook reads
+  tutorial_timing    seconds per step of every arm, paired and interleaved on one core (budget.paired_step_seconds):
+                     the source of every wall-time claim (run alone, before the others, so nothing competes)
+
+Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
+at once, then one `compare --resume` over all arms prints the table and writes summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from accellib.compare import arm_configs, check_data  # noqa: E402
+from accellib.records import environment, read_metrics, write_json  # noqa: E402
+
+CONFIG = ROOT / "configs" / "tutorial.yaml"
+SEEDS = 3
+LR_GRID = (2e-3, 3e-3, 5e-3, 7e-3, 1e-2)
+WARMUP_GRID = (20, 60)
+CURVE_KEYS = ("step", "train_loss", "grad_norm", "lr", "val_loss", "flops", "wall", "tokens", "layer_tokens",
+              "transition", "stage", "theta", "ltd_keep")
+
+
+def sweep_arms() -> dict[str, tuple[float, int]]:
+    """The grid's arms, without the tuned point itself (that is the `baseline` arm)."""
+    o = yaml.safe_load(CONFIG.read_text())["optim"]
+    return {f"lr{lr:g}_wu{wu}": (lr, wu) for lr in LR_GRID for wu in WARMUP_GRID
+            if (lr, wu) != (o["lr"], o["warmup_steps"])}
+
+
+def lr_sweep_yaml(out: Path) -> Path:
+    """configs/tutorial.yaml's baseline with one arm per (LR, warm-up); `baseline` is the tuned setting."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["arms"] = {"baseline": {}}
+    for name, (lr, wu) in sweep_arms().items():
+        raw["arms"][name] = {"optim": {"lr": lr, "warmup_steps": wu}}
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "lr_sweep.yaml"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return p
+
+
+def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, extra: list[str], jobs: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    base = [sys.executable, "-m", "accellib.compare", "--config", str(config), "--out", str(out),
+            "--budget", budget, "--seeds", str(seeds), "--train.threads=1", *extra]
+
+    def one(arm: str) -> None:
+        r = subprocess.run(base + ["--arms", arm, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"arm {arm} failed:\n{r.stderr[-3000:]}")
+        print(f"  {arm} done", flush=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, arms))
+    r = subprocess.run(base + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    print("\n".join(ln for ln in r.stdout.splitlines() if "finished before" not in ln))
+    summary = json.loads((out / "summary.json").read_text())
+    curves = {}
+    for d in sorted(p.parent for p in out.rglob("record.json")):
+        label = str(d.relative_to(out))
+        curves[label] = [{k: v for k, v in rec.items() if k in CURVE_KEYS} for rec in read_metrics(d)]
+    return dict(summary=summary, budget=json.loads((out / "budget.json").read_text()), curves=curves,
+                table=r.stdout.split("\n", 1)[1] if "\n" in r.stdout else r.stdout)
+
+
+def timing(config: Path, quick: bool) -> dict:
+    from accellib.budget import paired_step_seconds
+    import torch
+    torch.set_num_threads(1)
+    cfgs = arm_configs(config, None, ["--train.threads=1"] + (["--train.steps=40"] if quick else []))
+    check_data(cfgs)
+    cfgs = {a: c for a, c in cfgs.items() if not c.techniques["multilevel"].enabled}  # a V-cycle is several models
+    t = paired_step_seconds(cfgs, positions=6, rounds=3 if quick else 9)
+    for a, ratio in t["ratio"].items():
+        print(f"  {a:<16} {t['seconds'][a] * 1e3:7.1f} ms/step   {ratio:.3f} x baseline (median of {t['rounds']} rounds)")
+    return dict(timing=t, note="multilevel is left out: its stages are different models (see notebook 04)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="comma-separated experiment names")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compare processes at once")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 40 steps; writes nothing to results/")
+    args = ap.parse_args()
+    seeds, extra = (2, ["--train.steps=40", "--train.eval_every=10"]) if args.quick else (SEEDS, [])
+    runs = ROOT / "runs" / ("reproduce_quick" if args.quick else "reproduce")
+    arms = list(yaml.safe_load(CONFIG.read_text())["arms"])
+    experiments = {
+        "tutorial_timing": lambda: timing(CONFIG, args.quick),
+        "tutorial_lr_sweep": lambda: compare(lr_sweep_yaml(runs / "tutorial_lr_sweep"), runs / "tutorial_lr_sweep",
+                                             ["baseline", *sweep_arms()], "steps", seeds, extra, args.jobs),
+        "tutorial_steps": lambda: compare(CONFIG, runs / "tutorial_steps", arms, "steps", seeds, extra, args.jobs),
+        "tutorial_flops": lambda: compare(CONFIG, runs / "tutorial_flops", arms, "flops", seeds, extra, args.jobs),
+    }
+    names = args.only.split(",") if args.only else list(experiments)
+    unknown = [n for n in names if n not in experiments]
+    if unknown:
+        print(f"error: unknown experiment {unknown[0]!r}; choose from {', '.join(experiments)}", file=sys.stderr)
+        return 2
+    for name in names:
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        res = experiments[name]()
+        rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name}",
+                   config=yaml.safe_load(CONFIG.read_text()), seeds=seeds,
+                   wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
+                   environment=environment(), **res)
+        print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")
+        if not args.quick:
+            write_json(ROOT / "results" / f"{name}.json", rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
