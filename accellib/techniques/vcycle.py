@@ -65,7 +65,8 @@ def plan_stages(cfg: RunConfig) -> list[Stage]:
     ml = cfg.techniques["multilevel"]
     others = [n for n in cfg.enabled() if n != "multilevel"]
     if others:
-        raise ConfigError(f"multilevel cannot be combined with {others[0]}; enable only one of them")
+        raise ConfigError(f"multilevel cannot be combined with {others[0]}: every V-cycle stage restarts the step "
+                          f"counter, so {others[0]}'s schedule would restart with it; enable only one of them")
     K, S, m = ml.levels, cfg.train.steps, ml.level_map()
     cfgs = level_configs(cfg.model, K, m)   # raises MultiLevelError for a tied head / odd sizes
     steps = lambda frac: max(1, round(frac * S))

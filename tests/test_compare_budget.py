@@ -1,0 +1,148 @@
+"""compare at equal compute (issue 10): --budget steps|flops|wall, --seeds N, time to target."""
+import json
+import math
+import statistics
+
+import pytest
+import yaml
+
+from accellib.budget import planned_flops, resolve, steps_for_flops
+from accellib.compare import crossing, main as compare_main, run_arms, summarize
+from accellib.config import ConfigError, load_config, with_horizon
+from accellib.data import load_token_data, ngram_references
+from accellib.records import read_metrics
+from accellib.trainer import Trainer
+
+from conftest import tiny_overrides
+
+PLD = ["--pld.enabled=true", "--pld.theta_bar=0.5", "--pld.gamma=0.3"]
+LTD = ["--random_ltd.enabled=true", "--random_ltd.min_len=8"]
+
+
+def _cfg(data, *extra, **kw):
+    return load_config(None, tiny_overrides(data, **kw) + list(extra))
+
+
+def test_with_horizon_stretches_schedules_but_not_warmup(tiny_data_dir):
+    c = _cfg(tiny_data_dir, *PLD, "--random_ltd.enabled=true", "--random_ltd.ramp_steps=10",
+             **{"train.steps": 20, "optim.warmup_steps": 4})
+    d = with_horizon(c, 40)
+    assert d.train.steps == 40 and d.optim.warmup_steps == 4
+    assert d.techniques["random_ltd"].ramp_steps == 20
+    assert d.techniques["pld"].gamma == pytest.approx(0.15)
+    assert c.train.steps == 20 and c.techniques["pld"].gamma == 0.3   # a copy: the original is untouched
+    auto = with_horizon(_cfg(tiny_data_dir, *LTD), 12)
+    assert auto.techniques["random_ltd"].ramp_steps == 0                # 0 = automatic, stays automatic
+
+
+@pytest.mark.parametrize("extra", [[], PLD, LTD, PLD + LTD], ids=["baseline", "pld", "random_ltd", "pld+ltd"])
+def test_planned_flops_equal_what_training_counts(tiny_data_dir, extra):
+    # PLD's gates and random-LTD's lengths depend only on (seed, step): the plan count is exact
+    cfg = _cfg(tiny_data_dir, *extra)
+    tr = Trainer(cfg)
+    while not tr.finished():
+        tr.train_step()
+    assert planned_flops(cfg) == tr.state.flops
+
+
+def test_flops_budget_gives_each_arm_the_baselines_flops(tiny_data_dir):
+    base = _cfg(tiny_data_dir, **{"train.steps": 10})
+    pld = _cfg(tiny_data_dir, *PLD, **{"train.steps": 10})
+    target = planned_flops(base)
+    n = steps_for_flops(pld, target)
+    assert n > 10                                                         # dropping blocks buys steps
+    assert planned_flops(with_horizon(pld, n)) >= target > planned_flops(with_horizon(pld, n - 1))
+    plan = resolve("flops", base, {"baseline": base, "pld": pld})
+    assert plan["steps"] == {"baseline": 10, "pld": n} and plan["flops_budget"]["pld"] == target
+
+
+def test_flops_budget_stops_the_trainer(tiny_data_dir):
+    cfg = _cfg(tiny_data_dir, **{"train.steps": 10})
+    one = planned_flops(_cfg(tiny_data_dir, **{"train.steps": 1}))
+    cfg.train.flops_budget = 3.5 * one
+    tr = Trainer(cfg)
+    while not tr.finished():
+        tr.train_step()
+    assert tr.state.step == 4                                             # the first step at or past the budget
+
+
+def test_wall_budget_refuses_a_vcycle(tiny_data_dir):
+    base = _cfg(tiny_data_dir, **{"model.tie_head": False})
+    ml = _cfg(tiny_data_dir, "--multilevel.enabled=true", **{"model.tie_head": False})
+    with pytest.raises(ConfigError, match="--budget flops"):
+        resolve("wall", base, {"baseline": base, "multilevel": ml})
+
+
+def test_crossing_interpolates_and_says_not_reached():
+    recs = [dict(step=1, val_loss=3.0, flops=10.0), dict(step=2, train_loss=1.0, flops=15.0),
+            dict(step=3, val_loss=2.0, flops=20.0), dict(step=4, val_loss=1.0, flops=30.0, transition=True)]
+    assert crossing(recs, 2.5, "flops") == 15.0
+    assert crossing(recs, 3.0, "flops") == 10.0
+    assert crossing(recs, 1.5, "flops") == math.inf                       # a transition record does not count
+    # a seed that never gets there is kept in the median: 2 of 3 misses -> not reached
+    assert statistics.median([0.8, math.inf, math.inf]) == math.inf
+
+
+def _yaml(tmp_path, data):
+    base = {"model": {}, "train": {}, "optim": {}, "data": {}}
+    for a in tiny_overrides(data, **{"train.steps": 6, "train.checkpoint_every": 3}):
+        key, val = a[2:].split("=", 1)
+        s, k = key.split(".", 1)
+        base[s][k] = yaml.safe_load(val)
+    base["arms"] = {"baseline": {}, "pld": {"pld": {"enabled": True, "theta_bar": 0.5, "gamma": 0.3}}}
+    p = tmp_path / "cmp.yaml"
+    p.write_text(yaml.safe_dump(base))
+    return p
+
+
+def test_compare_flops_budget_with_seeds_end_to_end(tiny_data_dir, tmp_path, capsys):
+    cfg, out = _yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--budget", "flops", "--seeds", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "equal flops, 2 seed(s)" in text and "±" in text
+    s = json.loads((out / "summary.json").read_text())
+    rows = {r["arm"]: r for r in s["rows"]}
+    assert set(rows) == {"baseline", "pld"} and rows["pld"]["seeds"] == 2
+    assert rows["pld"]["steps"] > rows["baseline"]["steps"]
+    for seed in (1337, 1338):
+        b = read_metrics(out / "baseline" / f"seed{seed}")[-1]
+        p = read_metrics(out / "pld" / f"seed{seed}")[-1]
+        assert b["flops"] <= p["flops"] < b["flops"] * 1.2                # spent the baseline's FLOPs, one step over at most
+    assert rows["baseline"]["to_target_flops"] == pytest.approx(1.0)
+    # the two seeds really differ, and the table's sd is theirs
+    vals = rows["baseline"]["val_losses"]
+    assert vals[0] != vals[1] and rows["baseline"]["val_loss_sd"] == pytest.approx(statistics.stdev(vals))
+    # a finished comparison resumes to the same table without training
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--budget", "flops", "--seeds", "2", "--resume"]) == 0
+    assert "finished before, kept" in capsys.readouterr().out
+    # and refuses a different budget on resume
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--budget", "steps", "--seeds", "2", "--resume"]) == 2
+
+
+def test_compare_arm_subset_plans_against_the_baseline(tiny_data_dir, tmp_path):
+    # `--arms pld` alone (as make results runs arms in parallel) still gets the baseline's FLOPs
+    cfg, out = _yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    res = run_arms(cfg, out, ["pld"], budget="flops")
+    base_flops = planned_flops(_cfg(tiny_data_dir, **{"train.steps": 6, "train.checkpoint_every": 3}))
+    assert res["pld"]["flops"] >= base_flops
+    plan = json.loads((out / "budget.json").read_text())
+    assert summarize(out, res, plan) == []                                # no baseline run yet: no table
+
+
+def test_grad_norm_is_logged_and_unclipped_runs_are_unchanged(tiny_data_dir):
+    tr = Trainer(_cfg(tiny_data_dir, **{"optim.grad_clip": 0.0}))
+    tr.train_step()
+    assert tr.last_grad_norm > 0
+    rec = tr._train_record(1.0, 1, 1.0, tr.last_grad_norm)
+    assert rec["grad_norm"] == round(tr.last_grad_norm, 5)
+
+
+def test_ngram_references_match_a_direct_count(tiny_data_dir):
+    import numpy as np
+    d = load_token_data(tiny_data_dir)
+    ref = ngram_references(d)
+    tr, va, V = np.asarray(d.train, np.int64), np.asarray(d.val, np.int64), d.vocab_size
+    uni = (np.bincount(tr, minlength=V) + 1) / (len(tr) + V)
+    assert ref["unigram"] == pytest.approx(-np.log(uni[va[1:]]).mean(), rel=1e-12)
+    assert ref["bigram"] < ref["unigram"]
+    assert "bigram" not in ngram_references(d, max_vocab=100)
