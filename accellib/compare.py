@@ -250,8 +250,9 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
     rows = []
     for arm, labels in by_arm.items():
         recs = {lb: read_metrics(out / lb) for lb in labels}
-        hit_f = [crossing(recs[lb], target[seed_of(lb)], "flops") / bflops for lb in labels]
-        hit_w = [crossing(recs[lb], target[seed_of(lb)], "wall") / bwall for lb in labels]
+        paired = [lb for lb in labels if seed_of(lb) in target]  # seeds whose baseline has finished
+        hit_f = [crossing(recs[lb], target[seed_of(lb)], "flops") / bflops for lb in paired] or [math.nan]
+        hit_w = [crossing(recs[lb], target[seed_of(lb)], "wall") / bwall for lb in paired] or [math.nan]
         loss, loss_sd = _mean_sd([results[lb]["val_loss"] for lb in labels])
         wall, wall_sd = _mean_sd([results[lb]["wall"] for lb in labels])
         flops = statistics.fmean(results[lb]["flops"] for lb in labels)

@@ -82,7 +82,7 @@ def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, e
         label = str(d.relative_to(out))
         curves[label] = [{k: v for k, v in rec.items() if k in CURVE_KEYS} for rec in read_metrics(d)]
     return dict(summary=summary, budget=json.loads((out / "budget.json").read_text()), curves=curves,
-                table=r.stdout.split("\n", 1)[1] if "\n" in r.stdout else r.stdout)
+                table=r.stdout[r.stdout.index("budget:"):])
 
 
 def timing(config: Path, quick: bool) -> dict:
@@ -103,8 +103,12 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated experiment names")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compare processes at once")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 40 steps; writes nothing to results/")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the runs train; cuda runs in fp32 (train.precision=fp32), so its losses match the CPU's "
+                         "up to float rounding, and many small runs share the GPU")
     args = ap.parse_args()
     seeds, extra = (2, ["--train.steps=40", "--train.eval_every=10"]) if args.quick else (SEEDS, [])
+    extra = extra + [f"--train.device={args.device}"] + (["--train.precision=fp32"] if args.device == "cuda" else [])
     runs = ROOT / "runs" / ("reproduce_quick" if args.quick else "reproduce")
     arms = list(yaml.safe_load(CONFIG.read_text())["arms"])
     experiments = {
@@ -123,7 +127,7 @@ def main() -> int:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         res = experiments[name]()
-        rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name}",
+        rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name} --device {args.device}",
                    config=yaml.safe_load(CONFIG.read_text()), seeds=seeds,
                    wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
                    environment=environment(), **res)
