@@ -7,7 +7,7 @@ and compares the baseline (contiguous pipeline + standard accumulation) with the
 (modular pipeline + layered accumulation). The full text of the paper was not available to us: the
 structure follows it, the constants are Kaplan et al. 2020 (arXiv 2001.08361, Table 1 / §5) and
 McCandlish et al. 2018, and every formula below is ours unless it says otherwise
-(specs/parallel_and_numerics.md §1.b.1). The simulator in accellib/parallel/simulate.py checks
+(our reading of Lamy-Poirier 2021, §3). The simulator in accellib/parallel/simulate.py checks
 `bubble` exactly (tests/test_planner.py).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-level training (Zou et al., ICLR 2024): the exact properties of spec §g, the V-cycle
+"""Multi-level training (Zou et al., ICLR 2024): the exact properties of the operators, the V-cycle
 driver's FLOPs ledger, a 2-process gloo V-cycle and resume across a stage boundary."""
 import json
 from pathlib import Path
@@ -185,7 +185,7 @@ def test_bad_input_is_reported():
 
 # ----------------------------------------------------------------------------- the V-cycle
 def test_stage_plan_and_official_example_flops():
-    # the official GPT-2 example (spec §c): 12L/768 at 512 tokens, 5% + 50% small (6L/384) + 50% large
+    # the official GPT-2 example : 12L/768 at 512 tokens, 5% + 50% small (6L/384) + 50% large
     cfg = load_config(None, ["--multilevel.enabled=true", "--model.tie_head=false", "--model.n_layer=12",
                              "--model.n_head=12", "--model.d_model=768", "--model.seq_len=512",
                              "--model.vocab_size=50257", "--train.steps=100000", "--optim.warmup_steps=5000",
@@ -195,7 +195,7 @@ def test_stage_plan_and_official_example_flops():
     assert [(s.kind, s.level, s.steps, s.model.n_layer, s.model.d_model) for s in stages] == [
         ("down", 0, 5000, 12, 768), ("bottom", 1, 50000, 6, 384), ("up", 0, 50000, 12, 768)]
     ratio = sum(stage_flops(cfg, stages)) / baseline_flops(cfg)
-    assert ratio == pytest.approx(0.67, abs=0.01)              # spec §c: 0.671 of the baseline
+    assert ratio == pytest.approx(0.67, abs=0.01)              # the official example: 0.671 of the baseline
     cfg3 = load_config(None, ["--multilevel.enabled=true", "--model.tie_head=false", "--multilevel.levels=3",
                               "--model.n_layer=8", "--model.n_head=4", "--model.d_model=64"])
     assert [(s.kind, s.level) for s in plan_stages(cfg3)] == [

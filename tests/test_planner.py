@@ -37,7 +37,7 @@ def test_every_task_runs_once():
 
 def test_scaling_law_and_steps():
     c = P.c_min_for(1e10)
-    assert 10 < c < 25                                   # spec table: about 16 PF-days
+    assert 10 < c < 25                                   # about 16 PF-days
     bc = P.critical_batch(P.loss_at(c))
     assert 2e6 < bc < 6e6
     assert P.steps(bc, bc, P.s_min(c)) == pytest.approx(2 * P.s_min(c))

@@ -36,7 +36,7 @@ each block runs through `run_block` under its plan (a skipped block passes gradi
 a block skipped on every micro-batch has no gradient and is not reduced). Extra losses from other
 techniques are supported when they are computed from (x, y, logits) only.
 
-Emulated slow network (spec §1(e) NB-1c): with `emulate_mbps > 0`, reductions go through one
+Emulated slow network: with `emulate_mbps > 0`, reductions go through one
 communication thread where each layer's all_reduce takes bytes / bandwidth in all (a serial link),
 so loopback's speed does not hide the overlap; it works on one process too (sleep only).
 `order: standard` runs the same engine micro-batch-major (reductions launched during the last

@@ -73,7 +73,7 @@ def split_layers(n_layer: int, n_stages: int) -> list[range]:
 
 def check_config(schedule: str, pp: int, v: int, n_mb: int, batch: int, n_layer: int,
                  style: str = "looped") -> None:
-    """The known traps (specs/environment.md §3), as one-line errors before anything runs."""
+    """The known launch traps, as one-line errors before anything runs."""
     if schedule not in SCHEDULES:
         raise PipelineError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     if n_mb > batch:

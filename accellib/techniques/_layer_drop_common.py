@@ -11,7 +11,7 @@ Transformer" block):
 
 so E[y] equals the unscaled block's output for a block whose branches are linear in their input.
 
-Decisions (see shared/specs/dropping.md §1c, §4):
+Decisions:
 * Gates come from `generator_for(seed, step, micro_step, _GATE_TAG)`: every data-parallel rank
   draws the same gates, and a resumed run draws what the uninterrupted run would have.
 * Never all blocks dropped: if every gate comes up 0, the block with the largest p (lowest index
@@ -60,7 +60,7 @@ def depth_keep_probs(theta: float, n_layer: int, convention: str = "paper") -> l
 
 
 def expected_executed(theta: float, n_layer: int, convention: str = "paper") -> float:
-    """Closed form of sum_l p_l (spec §1b.7): L - (1-theta)(L+1)/2 (paper), L - (1-theta)(L-1)/2 (code)."""
+    """Closed form of sum_l p_l (sum of the arithmetic sequence): L - (1-theta)(L+1)/2 (paper), L - (1-theta)(L-1)/2 (code)."""
     L = n_layer
     if convention == "uniform":
         return theta * L

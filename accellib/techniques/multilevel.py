@@ -83,7 +83,7 @@ def depth_matrices(n_large: int, factor: int = 2, pairing: str = "adjacent") -> 
 def check_coalescable(cfg: ModelConfig, factor: int = 2, width: bool = True, depth: bool = True) -> None:
     if cfg.tie_head:
         raise MultiLevelError("multi-level training needs an untied LM head: set model.tie_head=false "
-                              "(with a tied head width de-coalescing doubles every logit, spec §b.4)")
+                              "(with a tied head width de-coalescing doubles every logit)")
     if width and cfg.n_head % factor:
         raise MultiLevelError(f"model.n_head={cfg.n_head} is not divisible by {factor}: width coalescing "
                               "merges whole heads (head size kept), so use an n_head divisible by it")
@@ -126,7 +126,7 @@ def _width_roles(name: str) -> list[tuple[int, str, str]]:
 def _width_maps(large: ModelConfig, factor: int, pairing: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     hd = large.head_dim
     A_h, P_h = copy_averaging(large.n_head, factor, pairing, chunk=hd)
-    # FFN chunk = mlp_ratio * head_dim units, paired like the heads (spec §b.1)
+    # FFN chunk = mlp_ratio * head_dim units, paired like the heads (as the official mapper pairs them)
     A_f, P_f = copy_averaging(large.n_head, factor, pairing, chunk=large.mlp_ratio * hd)
     A_q, P_q = torch.block_diag(A_h, A_h, A_h), torch.block_diag(P_h, P_h, P_h)
     return dict(h=(A_h, P_h), f=(A_f, P_f), qkv=(A_q, P_q))

@@ -8,7 +8,7 @@ training loss"; the most sensitive layers go on a Block list (never dropped), th
 Allow list; Algorithm 1 combines the sensitivities with the model's global keep ratio into a
 keep-probability list; a "variance-based" scheduler (a poly-weighted exponential gamma
 distribution, PWEGD) drives the global keep ratio over time. Everything below that is more
-specific is OUR reconstruction (shared/specs/dropping.md §2b), marked [ours]:
+specific is OUR reconstruction, marked [ours]:
 
 1. [ours] Train W steps without dropping (default W = max(2% of T, min(100, T/5))), then profile:
    on K fixed training batches, in eval mode, without gradients,

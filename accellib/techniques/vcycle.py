@@ -13,7 +13,7 @@ a list of stages, each trained by the one `accellib.trainer.Trainer` in its own 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m accellib.train ...
 (`accellib.train` hands any config with multilevel.enabled=true to `run_vcycle` below.)
 
-Choices (spec §c, §f): a fresh AdamW per stage (the official code resets it too) with an optional
+Choices (Zou et al. §3.4 and the official code): a fresh AdamW per stage (the official code resets it too) with an optional
 linear re-warm-up of `rewarm_steps`; the data stream *continues*: stage k's step s draws the batch
 of global step offset_k + s, so the V-cycle reads the same sequence of batches as the baseline
 (the official example restarts the sampler every stage). Cumulative tokens / FLOPs / wall are
