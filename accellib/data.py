@@ -215,24 +215,31 @@ def generator_for(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed_for(*parts))
 
 
-def ngram_references(data: TokenData, seq_len: int = 0, n_windows: int = 0, max_vocab: int = 4096) -> dict[str, float]:
+def ngram_references(data: TokenData, seq_len: int = 0, n_windows: int = 0, max_vocab: int = 4096,
+                     chunk: int = 1 << 24) -> dict[str, float]:
     """Validation loss (nats/token) of two counting models, the floor any trained LM must clear:
     a unigram and a bigram table counted on the train split with add-one smoothing. Scored on the
     validation windows the trainer evaluates (`eval_windows(val, seq_len, n_windows)`, every target
     after its input token), or on the whole split when n_windows is 0. The bigram table is V x V, so
     it is left out above `max_vocab` ids (a 50k-id BPE vocabulary would need 10 GB)."""
-    V = data.vocab_size
-    tr = np.asarray(data.train, dtype=np.int64)
+    V, tr = data.vocab_size, data.train
+    uni = np.zeros(V)
+    bi = np.zeros(V * V) if V <= max_vocab else None
+    for i in range(0, len(tr), chunk):  # chunks of the memmap: a 9B-token split never sits in memory as int64
+        c = np.asarray(tr[i:i + chunk + 1], dtype=np.int64)  # one token of overlap: every pair counted once
+        uni += np.bincount(c[:chunk], minlength=V)
+        if bi is not None:
+            bi += np.bincount(c[:-1] * V + c[1:], minlength=V * V)
     if n_windows:
         w = eval_windows(data.val, seq_len, n_windows).numpy()
         prev, nxt = w[:, :-1].ravel(), w[:, 1:].ravel()
     else:
         va = np.asarray(data.val, dtype=np.int64)
         prev, nxt = va[:-1], va[1:]
-    uni = (np.bincount(tr, minlength=V) + 1.0) / (len(tr) + V)
+    uni = (uni + 1.0) / (len(tr) + V)
     out = dict(unigram=float(-np.log(uni[nxt]).mean()))
-    if V <= max_vocab:
-        bi = np.bincount(tr[:-1] * V + tr[1:], minlength=V * V).reshape(V, V) + 1.0
+    if bi is not None:
+        bi = bi.reshape(V, V) + 1.0
         bi /= bi.sum(1, keepdims=True)
         out["bigram"] = float(-np.log(bi[prev, nxt]).mean())
     return out

@@ -2,6 +2,7 @@
 arm in every figure, and the unigram/bigram reference losses on every language-model loss plot."""
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -25,7 +26,8 @@ def arm_color(label: str) -> str:
     if name in ARM_COLORS:
         return ARM_COLORS[name]
     base = name.split(" ")[0]
-    return ARM_COLORS.get(base, COLORS[hash(base) % len(COLORS)])
+    # zlib.crc32, not hash(): str hashes change with every process, and a colour must not
+    return ARM_COLORS.get(base, COLORS[zlib.crc32(base.encode()) % len(COLORS)])
 
 
 def set_style() -> None:

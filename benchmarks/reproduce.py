@@ -82,7 +82,7 @@ def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, e
         label = str(d.relative_to(out))
         curves[label] = [{k: v for k, v in rec.items() if k in CURVE_KEYS} for rec in read_metrics(d)]
     return dict(summary=summary, budget=json.loads((out / "budget.json").read_text()), curves=curves,
-                table=r.stdout[r.stdout.index("budget:"):])
+                table=r.stdout[r.stdout.index("budget:"):r.stdout.index("figure:")])
 
 
 def timing(config: Path, quick: bool) -> dict:
