@@ -173,13 +173,31 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence length {T} > model.seq_len={self.cfg.seq_len}")
         if plan is not None and len(plan.blocks) != len(self.blocks):
             raise ValueError(f"plan has {len(plan.blocks)} blocks, model has {len(self.blocks)}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)   # (B, T, C)
+        x = self.embed(idx)
         for i, block in enumerate(self.blocks):
             x = run_block(block, x, None if plan is None else plan.blocks[i])
-        logits = self.lm_head(self.transformer.ln_f(x))             # (B, T, V)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-100)
-        return logits, loss
+        logits = self.head(x)
+        return logits, (None if targets is None else lm_loss(logits, targets))
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        return embed(self.transformer.wte, self.transformer.wpe, idx)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return head(self.transformer.ln_f, self.lm_head, x)
+
+
+# The three pieces of the model outside the block loop, written once: the model calls them, and so does
+# every engine that splits the model into stages across processes (accellib/parallel/engine.py).
+def embed(wte: nn.Embedding, wpe: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
+    """(B, T) token ids -> (B, T, C): token plus learned position embedding."""
+    return wte(idx) + wpe(torch.arange(idx.size(1), device=idx.device))
+
+
+def head(ln_f: nn.LayerNorm, lm_head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """(B, T, C) -> logits (B, T, V): final LayerNorm, then the (possibly tied) output projection."""
+    return lm_head(ln_f(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over targets != -100 (MLM's unscored positions), computed in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)

@@ -63,11 +63,11 @@ class TrainState:
                 setattr(self, f.name, d[f.name])
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(params, weight_decay: float) -> list[dict]:
     """AdamW groups as in nanoGPT: every >= 2-D tensor (weight matrices, embeddings) is decayed;
     1-D tensors (biases, LayerNorm gains) are not."""
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in params:
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
     return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
@@ -100,9 +100,21 @@ class Trainer:
                                 "re-run data_scripts/prepare_shakespeare.py --force")
         torch.manual_seed(t.seed)  # same init on every rank
         model = model if model is not None else Transformer(cfg.model)
-        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+        # an engine splits the model across processes (accellib/parallel/engine.py): it decides which
+        # parameters this process steps; the full model stays here as the replica that is evaluated and saved
+        self.engine = next((x for x in self.techniques if getattr(x, "splits_model", False)), None)
+        if self.engine is not None:
+            self.engine.build(model.to(self.accelerator.device), self.accelerator)
+        params = model.parameters() if self.engine is None else self.engine.parameters()
+        self.optimizer = torch.optim.AdamW(param_groups(params, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                            betas=(cfg.optim.beta1, cfg.optim.beta2))
-        self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        if self.engine is None:
+            self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        else:  # no DDP wrapper: gradients are the engine's business; the optimizer is saved per process
+            self.model = self.accelerator.prepare_model(model, evaluation_mode=True)
+        # data-parallel size and index: every process for a plain run, whole pipelines/rings for an engine
+        self.dp = ((self.accelerator.num_processes, self.accelerator.process_index) if self.engine is None
+                   else (self.engine.dp_world, self.engine.dp_rank))
         self.state = TrainState()
         self.lr_schedule = WarmupCosine(cfg.optim.lr, cfg.optim.warmup_steps, t.steps, cfg.optim.min_lr_ratio)
         self.accelerator.register_for_checkpointing(self.state)
@@ -129,9 +141,9 @@ class Trainer:
         """This rank's micro-batches of optimizer step `step`. Micro-batch m of rank r is global
         micro-batch m * world + r, drawn from (seed, step, that index): so 2 processes x 1
         micro-batch see exactly the data of 1 process x 2 micro-batches."""
-        t, out, acc = self.cfg.train, [], self.accelerator
+        t, out, (world, rank) = self.cfg.train, [], self.dp
         for m in range(t.grad_accum):
-            g = generator_for(t.seed, step + self.data_offset, m * acc.num_processes + acc.process_index)
+            g = generator_for(t.seed, step + self.data_offset, m * world + rank)
             x, y = sample_batch(self.data.train, t.batch_size, self.cfg.model.seq_len, g)
             if self.cfg.model.kind == "mlm":
                 x, y = mask_tokens(x, self.data.mask_id, self.cfg.model.vocab_size, g, self.cfg.data.mlm_prob)
@@ -164,10 +176,13 @@ class Trainer:
         batches = self.batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
         losses = None
+        if self.engine is not None:  # the model is split across processes: the engine runs the step
+            with acc.autocast():
+                losses = self.engine.forward_backward(batches)  # the same numbers on every process
         for tech in self.techniques:
-            losses = tech.run_step(self, batches, plans)
             if losses is not None:
                 break
+            losses = tech.run_step(self, batches, plans)
         if losses is None:  # standard gradient accumulation
             losses = []
             for m, ((x, y), plan) in enumerate(zip(batches, plans)):
@@ -177,11 +192,14 @@ class Trainer:
                     acc.backward(total / len(batches))
                 losses.append(loss.detach())
         loss = torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in losses]).mean()
-        loss = acc.reduce(loss.to(acc.device), "mean").item()  # the same number on every rank
+        if self.engine is None:
+            loss = acc.reduce(loss.to(acc.device), "mean")  # the same number on every rank
+        loss = loss.item()
         if not math.isfinite(loss):
             self._diverged(f"training loss is {loss} at step {st.step + 1}")
         # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
-        norm = acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
+        clip = (acc.clip_grad_norm_ if self.engine is None else lambda _, m: self.engine.clip_grad_norm_(m))
+        norm = clip(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
         self.last_grad_norm = float(norm)
         lr = self.lr_schedule(st)
         for tech in self.techniques:
@@ -191,7 +209,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
         # counters (all processes: this rank's work x world size; plans are identical across ranks)
-        world, B, T = acc.num_processes, cfg.train.batch_size, cfg.model.seq_len
+        world, B, T = self.dp[0], cfg.train.batch_size, cfg.model.seq_len
         st.step += 1
         st.tokens += world * B * T * len(batches)
         st.flops += world * sum(F.train_step_flops(cfg.model, B, T, p) for p in plans)
@@ -235,6 +253,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Full model (no plan), mean loss over the fixed validation windows of all ranks."""
+        if self.engine is not None:
+            self.engine.sync_replica()
         self.model.eval()
         sums, counts = [], []
         for x, y in self._eval_loader():
@@ -262,6 +282,8 @@ class Trainer:
         """Write the full state to checkpoints/last atomically: save to a temp folder, then swap,
         so a crash mid-save never destroys the previous checkpoint."""
         acc, ck = self.accelerator, self.checkpoint_dir()
+        if self.engine is not None:
+            self.engine.sync_replica()
         if not self.weights_finite():  # never replace a good checkpoint by a diverged model
             self._diverged(f"the weights are not finite after step {self.state.step}")
         tmp, last, old = ck / ".tmp", ck / "last", ck / ".old"
@@ -269,6 +291,10 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
         acc.save_state(str(tmp), safe_serialization=False)  # torch.save keeps the tied head tied
+        if self.engine is not None:  # per process: its optimizer state and the engine's in-flight work
+            tmp.mkdir(parents=True, exist_ok=True)
+            torch.save(dict(world=acc.num_processes, optimizer=self.optimizer.state_dict(),
+                            engine=self.engine.rank_state()), tmp / f"engine_rank{acc.process_index}.pt")
         acc.wait_for_everyone()
         if self.is_main:
             if last.exists():
@@ -291,12 +317,29 @@ class Trainer:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise TrainingError(f"the checkpoint {src} cannot be read ({type(e).__name__}: {msg[:160]}); "
                                 f"restore the folder from a backup, or start the run again with --overwrite") from None
+        if self.engine is not None:
+            self._load_engine(src)
         self.saved_step = self.state.step
         # the optimizer's state dict carries its hyper-parameters: the config (with a resume's
         # overrides, e.g. a lower weight decay after a divergence) wins over the stored values
         o = self.cfg.optim
         for g, wd in zip(self.optimizer.param_groups, (o.weight_decay, 0.0)):  # groups of param_groups()
             g.update(weight_decay=wd, betas=(o.beta1, o.beta2))
+
+    def _load_engine(self, src: Path) -> None:
+        acc, f = self.accelerator, src / f"engine_rank{self.accelerator.process_index}.pt"
+        try:
+            d = torch.load(f, map_location=acc.device, weights_only=False) if f.is_file() else None
+        except Exception as e:
+            raise TrainingError(f"the checkpoint file {f} cannot be read ({type(e).__name__}); restore the "
+                                "folder from a backup, or start the run again with --overwrite") from None
+        n = len(list(src.glob("engine_rank*.pt")))
+        if d is None or d["world"] != acc.num_processes:
+            raise TrainingError(f"{src} was written by {d['world'] if d else n} process(es) of "
+                                f"{self.engine.name}, and this resume runs {acc.num_processes}; resume it "
+                                f"with torchrun --nproc_per_node {d['world'] if d else n}")
+        self.optimizer.load_state_dict(d["optimizer"])
+        self.engine.load_rank_state(d["engine"])
 
     # ------------------------------------------------------------------ the loop
     def _log(self, rec: dict) -> None:

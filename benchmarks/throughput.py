@@ -40,7 +40,7 @@ def plain_loop(cfg, data, device):
     """The minimal loop a careful user would write by hand."""
     torch.manual_seed(cfg.train.seed)
     model = Transformer(cfg.model).to(device)
-    opt = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+    opt = torch.optim.AdamW(param_groups(model.parameters(), cfg.optim.weight_decay), lr=cfg.optim.lr,
                             betas=(cfg.optim.beta1, cfg.optim.beta2), fused=device.type == "cuda")
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     step = 0

@@ -78,6 +78,11 @@ class Technique:
 def check_composition(techniques: list[Technique]) -> None:
     """Raise a one-line ConfigError if two enabled techniques cannot run together."""
     names = {t.name for t in techniques}
+    engines = [t.name for t in techniques if getattr(t, "splits_model", False)]
+    if engines and len(techniques) > 1:
+        other = next(t.name for t in techniques if t.name != engines[0])
+        raise ConfigError(f"{engines[0]} splits the plain model across processes and cannot be combined with "
+                          f"{other}; enable only one of them")
     for t in techniques:
         bad = names & set(t.incompatible)
         if bad:

@@ -1,0 +1,174 @@
+"""The engine interface: how the one trainer runs a step whose model is split across processes.
+
+An engine is a technique (a config section, e.g. `pipeline:` or `ouroboros:`) that owns
+  * the process groups and which stage of the model lives on which process,
+  * the forward/backward schedule of a step (`forward_backward`),
+  * which parameters this process steps (`parameters`: the trainer builds AdamW over them only),
+  * the gradient norm across processes (`clip_grad_norm_`) and its own per-process state.
+The trainer (accellib/trainer.py) keeps everything else: data, LR and technique schedules, counters,
+evaluation, metrics.jsonl, checkpoint/resume, and so `compare`.
+
+    trainer.__init__   engine.build(model, accelerator)        after the model is on its device
+    each step          losses = engine.forward_backward(batches)   same numbers on every process
+                       norm = engine.clip_grad_norm_(max_norm);  optimizer.step() (local params)
+    eval / save        engine.sync_replica()   every process gets the current full weights
+    save / load        engine.rank_state() / load_rank_state()   written per process, beside Accelerate's files
+
+Every process keeps a full replica of the weights (not of the gradients or optimizer state): the
+trainer evaluates and checkpoints that replica exactly as for a plain run, so a checkpoint of any
+engine loads into the plain model. The replica is refreshed from the stages' owners before each
+evaluation and save (`sync_replica`), a broadcast of the weights; between those it is stale on
+the processes that do not own a stage. At full scale this costs a model's worth of memory per
+process; an engine that must not pay it would evaluate through its stages instead.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..model import Transformer, embed, head
+from ..techniques.base import Technique
+
+
+class Engine(Technique):
+    splits_model = True   # the trainer and check_composition look for this
+
+    def __init__(self, cfg, run_cfg):
+        super().__init__(cfg, run_cfg)
+        self.dp_world, self.dp_rank = 1, 0   # data-parallel size and index (whole pipelines / rings)
+
+    def build(self, model: Transformer, accelerator) -> None:
+        raise NotImplementedError
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this process updates, each once."""
+        raise NotImplementedError
+
+    def forward_backward(self, batches: list) -> list[float]:
+        """Run one optimizer step's micro-batches; leave the local parameters' .grad set (None where
+        a parameter gets no update this step); return the micro-batch losses, the same on every rank."""
+        raise NotImplementedError
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        raise NotImplementedError
+
+    def sync_replica(self) -> None:
+        pass
+
+    def rank_state(self) -> dict:
+        return {}
+
+    def load_rank_state(self, d: dict) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- stages
+class FixedCost(torch.autograd.Function):
+    """Identity whose forward sleeps t_f seconds and backward t_b: a known stage cost, so that a
+    benchmark on a 2-core CPU measures the schedule and not the machine (sleeping uses no core)."""
+
+    @staticmethod
+    def forward(ctx, x, t_f, t_b):
+        ctx.t_b = t_b
+        time.sleep(t_f)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.t_b)
+        return g, None, None
+
+
+class Stage(nn.Module):
+    """Consecutive blocks of a Transformer; the first stage also embeds, the last also applies ln_f and
+    the head. Submodules are the model's own (same Parameters), under short names (wte, blocks.0, ...)."""
+
+    def __init__(self, model: Transformer, layers: range, first: bool, last: bool,
+                 cost: tuple[float, float] = (0.0, 0.0)):
+        super().__init__()
+        self.first, self.last, self.cost = first, last, cost
+        self.wte = model.transformer.wte if first else None
+        self.wpe = model.transformer.wpe if first else None
+        self.blocks = nn.ModuleList([model.blocks[i] for i in layers])
+        self.ln_f = model.transformer.ln_f if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = embed(self.wte, self.wpe, x)   # (B, T) ids -> (B, T, C)
+        for b in self.blocks:
+            x = b(x)
+        if self.cost[0] or self.cost[1]:
+            x = FixedCost.apply(x, *self.cost)
+        if self.last:
+            x = head(self.ln_f, self.lm_head, x)   # -> logits (B, T, V)
+        return x
+
+
+def split_evenly(n: int, parts: int) -> list[int]:
+    """n items into `parts` consecutive groups whose sizes differ by at most one (larger first)."""
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+def unique_params(modules) -> list[nn.Parameter]:
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+# ----------------------------------------------------------------------------- collectives
+def broadcast_owned(model: nn.Module, owner: dict[int, int], group=None) -> None:
+    """Give every process the weights of each parameter's owner: one flattened broadcast per owning
+    rank (`owner`: id(parameter) -> global rank), in the model's parameter order."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return
+    params = unique_params([model])
+    for src in sorted(set(owner.values())):
+        mine = [p for p in params if owner.get(id(p)) == src]
+        if not mine:
+            continue
+        flat = torch.cat([p.detach().reshape(-1) for p in mine])
+        dist.broadcast(flat, src, group=group)
+        if dist.get_rank() != src:
+            with torch.no_grad():
+                for p, v in zip(mine, flat.split([p.numel() for p in mine])):
+                    p.copy_(v.view_as(p))
+
+
+def norm_of_parts(parts: list[Optional[torch.Tensor]], n_parts: int, index: list[int], device,
+                  group=None) -> torch.Tensor:
+    """The global L2 norm from per-part norms computed where each part lives: a vector of `n_parts`
+    zeros with this process's parts filled in (`index`), summed over processes (adding zeros is
+    exact), then the norm of that vector. The same bits on one process or several."""
+    v = torch.zeros(n_parts, device=device)
+    for i, p in zip(index, parts):
+        if p is not None:
+            v[i] = p
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(v, group=group)
+    return torch.linalg.vector_norm(v)
+
+
+def grad_norm(params: list[nn.Parameter]) -> Optional[torch.Tensor]:
+    gs = [p.grad for p in params if p.grad is not None]
+    if not gs:
+        return None
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gs]))
+
+
+def scale_grads(params: list[nn.Parameter], total: torch.Tensor, max_norm: float) -> None:
+    """torch's clip_grad_norm_ rule: multiply by min(1, max_norm / (norm + 1e-6)); skipped when it is
+    1, so an inactive clip is bitwise no clip."""
+    coef = max_norm / (float(total) + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
