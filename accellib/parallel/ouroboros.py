@@ -94,8 +94,8 @@ class Ouroboros(Engine):
                             "(plain backprop: the speed baseline)")
         split: list[int] = opt([], "blocks per module, K numbers summing to model.n_layer; [] = balanced "
                                "over the processes", min=0)
-        module_ms: float = opt(0.0, "benchmarks: a fixed extra forward cost per module in ms (backward 2x)",
-                               min=0.0)
+        block_ms: float = opt(0.0, "benchmarks: a fixed extra forward cost per block in ms (backward 2x), so a "
+                              "2-core CPU times the schedule, not the machine", min=0.0)
 
         def validate(self):
             if self.split and len(self.split) != self.modules:
@@ -116,8 +116,8 @@ class Ouroboros(Engine):
         self.owner = placement(K, self.world)
         self.d = delays(K, c.delayed)
         starts = [sum(sizes[:i]) for i in range(K)]
-        cost = (c.module_ms / 1e3, 2 * c.module_ms / 1e3)
-        self.stages = [Stage(model, range(starts[i], starts[i] + sizes[i]), i == 0, i == K - 1, cost)
+        cost = lambda n: (n * c.block_ms / 1e3, 2 * n * c.block_ms / 1e3)
+        self.stages = [Stage(model, range(starts[i], starts[i] + sizes[i]), i == 0, i == K - 1, cost(sizes[i]))
                        for i in range(K)]
         self.local = [i for i in range(K) if self.owner[i] == self.rank]
         # each parameter belongs to the first module holding it (the tied V: module 1) for ownership
