@@ -13,6 +13,9 @@ Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in
                      comparison every notebook reads
   tutorial_timing    seconds per step of every arm, paired and interleaved on one core (budget.paired_step_seconds):
                      the source of every wall-time claim (run alone, before the others, so nothing competes)
+  tutorial_ouroboros the baseline vs Ouroboros delayed gradients with K = 2, 3, 4 modules at the baseline's steps,
+                     3 seeds, single-process reference (configs/ouroboros.yaml: tutorial.yaml's base, its own arms;
+                     notebook 06)
 
 Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
 at once, then one `compare --resume` over all arms prints the table and writes summary.json.
@@ -36,6 +39,7 @@ from accellib.compare import arm_configs, check_data  # noqa: E402
 from accellib.records import environment, read_metrics, write_json  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
+OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
 SEEDS = 3
 LR_GRID = (2e-3, 3e-3, 5e-3, 7e-3, 1e-2)
 WARMUP_GRID = (20, 60)
@@ -60,6 +64,15 @@ def lr_sweep_yaml(out: Path) -> Path:
     p = out / "lr_sweep.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
     return p
+
+
+def same_base(config: Path) -> Path:
+    """`config` if its base (everything but the arms) is tutorial.yaml's: a separate arms file must not drift."""
+    strip = lambda p: {k: v for k, v in yaml.safe_load(p.read_text()).items() if k != "arms"}
+    if strip(config) != strip(CONFIG):
+        raise SystemExit(f"error: {config.relative_to(ROOT)} no longer has {CONFIG.relative_to(ROOT)}'s base config; "
+                         "copy the base over (everything above `arms:`)")
+    return config
 
 
 def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, extra: list[str], jobs: int) -> dict:
@@ -117,7 +130,11 @@ def main() -> int:
                                              ["baseline", *sweep_arms()], "steps", seeds, extra, args.jobs),
         "tutorial_steps": lambda: compare(CONFIG, runs / "tutorial_steps", arms, "steps", seeds, extra, args.jobs),
         "tutorial_flops": lambda: compare(CONFIG, runs / "tutorial_flops", arms, "flops", seeds, extra, args.jobs),
+        "tutorial_ouroboros": lambda: compare(same_base(OUROBOROS_CONFIG), runs / "tutorial_ouroboros",
+                                              list(yaml.safe_load(OUROBOROS_CONFIG.read_text())["arms"]), "steps",
+                                              seeds, extra, args.jobs),
     }
+    configs = {"tutorial_ouroboros": OUROBOROS_CONFIG}   # the file whose config a record stores (default tutorial.yaml)
     names = args.only.split(",") if args.only else list(experiments)
     unknown = [n for n in names if n not in experiments]
     if unknown:
@@ -128,7 +145,7 @@ def main() -> int:
         t0 = time.perf_counter()
         res = experiments[name]()
         rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name} --device {args.device}",
-                   config=yaml.safe_load(CONFIG.read_text()), seeds=seeds,
+                   config=yaml.safe_load(configs.get(name, CONFIG).read_text()), seeds=seeds,
                    wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
                    environment=environment(), **res)
         print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")
