@@ -9,6 +9,10 @@ an action starts at max(device free, its dependencies done):
 
 The bubble fraction is  rho = makespan / (work per device) - 1,  work = v*m*(t_f + t_b); the
 closed forms it is checked against (tests/test_planner.py) are in accellib.planner.bubble.
+
+`ouroboros_timeline` models the per-process program of Ouroboros (Yang et al., NeurIPS 2019, arXiv
+1909.06695; accellib/parallel/ouroboros.py) with the same task rules, iteration by iteration, and
+`ouroboros_step_time` is its steady-state iteration time (tests/test_ouroboros_timeline.py).
 """
 from __future__ import annotations
 
@@ -101,21 +105,131 @@ def bubble_fraction(tasks: list[Task], P: int, v: int, m: int, t_f: float = 1.0,
     return max(t.end for t in tasks) / (v * m * (t_f + t_b)) - 1.0
 
 
-def gantt(tasks: list[Task], P: int, ax=None, title: str = ""):
+def gantt(tasks: list[Task], P: int, ax=None, title: str = "", color_by: str = "loop",
+          xlabel: str = "time (units of one stage forward)"):
     """Gantt chart: one row per device, forward light / backward dark, labelled by micro-batch;
-    the colour hue is the stage's loop (stage // P)."""
+    the colour hue is the stage's loop (stage // P), or the stage itself with color_by="stage"
+    (Ouroboros: one colour per module)."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * P))
     cmap = plt.get_cmap("tab10")
     for t in tasks:
-        c = cmap((t.stage // P) % 10)
+        c = cmap((t.stage if color_by == "stage" else t.stage // P) % 10)
         ax.barh(t.device, t.end - t.start, left=t.start, color=c, alpha=0.45 if t.kind == "F" else 0.95,
                 edgecolor="k", linewidth=0.4)
         ax.text((t.start + t.end) / 2, t.device, f"{t.kind}{t.mb}", ha="center", va="center", fontsize=6)
     ax.set_yticks(range(P))
     ax.set_yticklabels([f"dev {d}" for d in range(P)])
     ax.invert_yaxis()
-    ax.set_xlabel("time (units of one stage forward)")
+    ax.set_xlabel(xlabel)
     ax.set_title(title)
     return ax
+
+
+# ----------------------------------------------------------------------------- Ouroboros
+def ouroboros_devices(k: int) -> list[int]:
+    """Process of each module (index 0..K-1): modules 1 and K on process 0, module k on process k-1;
+    K = 1, 2 on one process (accellib.parallel.ouroboros.placement with K-1 processes)."""
+    return [0] * k if k <= 2 else [0, *range(1, k - 1), 0]
+
+
+def ouroboros_orders(k: int, delayed: bool, t: int) -> dict[int, list[tuple[str, int, int]]]:
+    """Iteration t of each process (Ouroboros.forward_backward), as (kind, module, batch) actions:
+    F and B are the module's forward and backward of a batch; R(i, n) is module i waiting for the
+    error signal module i+1 computed for batch n (a blocking receive: no work, only a wait)."""
+    dev = ouroboros_devices(k)
+    d = [k - 1 - i if delayed else 0 for i in range(k)]
+    orders: dict[int, list] = {}
+    for p in range(max(dev) + 1):
+        local = [i for i in range(k) if dev[i] == p]
+        o = []
+        for i in local:   # forwards in module order; the delayed backward right after each forward
+            o.append(("F", i, t))
+            if i == k - 1:
+                o.append(("B", i, t))                 # the loss of batch t, backpropagated at once
+            elif d[i] > 0 and t >= d[i]:
+                o.append(("B", i, t - d[i]))          # its error signal arrived last iteration
+        for i in reversed(local):   # then the receives, last module first
+            if i == k - 1:
+                continue
+            if d[i] == 0:
+                o.append(("B", i, t))                 # backward-locked: wait for this batch's error
+            elif t >= d[i + 1]:
+                o.append(("R", i, t - d[i + 1]))      # keep module i+1's new error for the next iteration
+        orders[p] = o
+    return orders
+
+
+def _ouroboros_run(sizes, t_f, t_b, delayed, iterations):
+    k = len(sizes)
+    if k < 1 or any(s < 0 for s in sizes):
+        raise ValueError(f"sizes must be K >= 1 non-negative block counts, got {sizes}")
+    dev = ouroboros_devices(k)
+    P = max(dev) + 1
+    cost = {"F": [t_f * s for s in sizes], "B": [t_b * s for s in sizes]}
+    end: dict[tuple[str, int, int], float] = {}
+    out, bounds = [], [0.0]
+    for t in range(iterations):
+        orders = ouroboros_orders(k, delayed, t)
+        free, pos = [bounds[-1]] * P, [0] * P
+        while any(pos[p] < len(orders[p]) for p in range(P)):
+            progressed = False
+            for p in range(P):
+                while pos[p] < len(orders[p]):
+                    kind, i, n = orders[p][pos[p]]
+                    if kind == "F":
+                        deps = [("F", i - 1, n)] if i > 0 else []
+                    elif kind == "B":
+                        deps = [("F", i, n)] + ([("B", i + 1, n)] if i < k - 1 else [])
+                    else:   # R: the error of module i+1
+                        deps = [("B", i + 1, n)]
+                    if any(x not in end for x in deps):
+                        break
+                    start = max([free[p]] + [end[x] for x in deps])
+                    if kind == "R":
+                        free[p] = start
+                    else:
+                        task = Task(kind, i, n, p, start, start + cost[kind][i])
+                        end[(kind, i, n)] = free[p] = task.end
+                        out.append(task)
+                    pos[p] += 1
+                    progressed = True
+            if not progressed:
+                raise RuntimeError(f"ouroboros timeline deadlocks at iteration {t} for sizes={sizes}")
+        bounds.append(max(free))   # the grad-norm all-reduce: every process waits for the slowest
+    return out, bounds
+
+
+def ouroboros_timeline(sizes: list[int], t_f: float = 1.0, t_b: float = 2.0, delayed: bool = True,
+                       iterations: int = 4) -> list[Task]:
+    """Every forward/backward of `iterations` Ouroboros iterations with start and end times.
+
+    Module i (Task.stage, 0..K-1) holds sizes[i] blocks: its forward costs t_f * sizes[i], its backward
+    t_b * sizes[i] (embedding, head and messages are free). Task.mb is the batch, Task.device the process
+    (ouroboros_devices). Each process runs its program of accellib/parallel/ouroboros.py in order
+    (ouroboros_orders); a forward needs the previous module's forward of the same batch, a backward
+    the module's forward and the next module's backward of that batch; an iteration ends when every
+    process has finished it (the trainer's gradient-norm all-reduce), and the next starts there.
+    Delayed, module i's first backward is in iteration d_i = K-1-i: the first K-1 iterations are
+    warm-up iterations, no longer than the steady ones."""
+    return _ouroboros_run(sizes, t_f, t_b, delayed, iterations)[0]
+
+
+def ouroboros_step_time(sizes: list[int], t_f: float = 1.0, t_b: float = 2.0, delayed: bool = True) -> float:
+    """Steady-state iteration time (from iteration K-1 on every iteration is the same), simulated.
+
+    Closed forms (tests/test_ouroboros_timeline.py), with f_i = t_f s_i, b_i = t_b s_i, L = sum(s):
+      backward-locked, or K <= 2 (one process):   T = (t_f + t_b) L     plain backprop, one chain
+      delayed, K >= 3, with S_i = f_0 + ... + f_i (batch t reaches the end of module i):
+          T = max( max(f_0 + b_0, S_{K-2}) + f_{K-1} + b_{K-1},   process 0: module 1's backward,
+                                                                  then module K after the forward chain
+                   max_{1 <= i <= K-2} S_i + b_i )                module i+1's forward, then backward
+      the default balanced split (L = (K-1) W, K >= 3, W >= 2 blocks per process, t_b = 2 t_f):
+          T = t_f (L - ceil(W/2)) + t_b W,    e.g. L=6: K=3 -> 10 t_f, K=4 -> 9 t_f (locked: 18 t_f)
+    Ouroboros unlocks the backward, not the forward: batch t still crosses every module's forward in
+    turn within its iteration, so T >= t_f L, and the speed-up over backprop is below (t_f + t_b) / t_f
+    (3 here) however many modules, and never reaches the balanced ideal of (t_f + t_b) W per process."""
+    k = len(sizes)
+    _, bounds = _ouroboros_run(sizes, t_f, t_b, delayed, k + 1)
+    return bounds[-1] - bounds[-2]
