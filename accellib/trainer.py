@@ -329,7 +329,9 @@ class Trainer:
     def _load_engine(self, src: Path) -> None:
         acc, f = self.accelerator, src / f"engine_rank{self.accelerator.process_index}.pt"
         try:
-            d = torch.load(f, map_location=acc.device, weights_only=False) if f.is_file() else None
+            # (map to the device type: torch cannot restore a storage to "cpu:0", Accelerate's multi-CPU device)
+            where = "cpu" if acc.device.type == "cpu" else acc.device
+            d = torch.load(f, map_location=where, weights_only=False) if f.is_file() else None
         except Exception as e:
             raise TrainingError(f"the checkpoint file {f} cannot be read ({type(e).__name__}); restore the "
                                 "folder from a backup, or start the run again with --overwrite") from None

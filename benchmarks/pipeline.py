@@ -1,6 +1,6 @@
 """Pipeline bubble and exposed data-parallel communication, measured vs predicted.
 
-1. GPipe vs Interleaved1F1B vs LoopedBFS (torch.distributed.pipelining, 4 gloo processes). Two CPU
+1. GPipe vs Interleaved1F1B vs LoopedBFS (torch.distributed.pipelining, 4 gloo processes, through the trainer). Two CPU
    cores cannot show a 4-way speed-up, so every layer gets a fixed, known cost (forward sleeps
    t_f, backward 2 t_f; compute of the tiny model is negligible). The same total work (n_layer
    layers) is cut into P stages (GPipe) or v P stages (looped): measured bubble
@@ -14,6 +14,7 @@
 
     python benchmarks/pipeline.py          # a few minutes
     python benchmarks/pipeline.py --quick                                # smoke test
+    python benchmarks/pipeline.py --only pipeline      # re-measure one part, keep the other part of the JSON
 Interleaved repetitions (A, B, C, A, B, C, ...), medians; writes results/pipeline_cpu.json.
 """
 from __future__ import annotations
@@ -22,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,32 +30,33 @@ sys.path.insert(0, str(ROOT))
 
 from accellib import planner  # noqa: E402
 from accellib.parallel.comm_overlap import measure_exposed_comm  # noqa: E402
-from accellib.parallel.pipeline import spawn  # noqa: E402
+from accellib.parallel.engine import time_on_processes  # noqa: E402
 
 
 def pipeline_bench(P: int, m: int, v: int, n_layer: int, t_layer: float, reps: int, steps: int):
-    """Each schedule twice per repetition: with the fixed stage cost, and with zero cost. The
-    zero-cost run measures the schedule's own framework overhead o (gloo messages, Python), which
-    the closed form does not model; the bubble is reported raw and net of it."""
+    """Each schedule twice per repetition, through the one trainer (accellib.parallel.engine.time_on_processes):
+    with the fixed per-block cost, and with zero cost. The zero-cost run measures the schedule's own
+    overhead o (gloo messages, Python, the trainer's clip and AdamW step), which the closed form does not
+    model; the bubble is reported raw and net of it."""
     arms = [("gpipe", 1), ("interleaved_1f1b", v), ("looped_bfs", v)]
-    jobs = []
+    base = {"data.path": str(ROOT / "data" / "shakespeare"), "model.n_layer": n_layer, "model.d_model": 16,
+            "model.n_head": 2, "model.seq_len": 8, "train.batch_size": m, "train.steps": steps,
+            "train.progress": False, "train.log_every": steps, "pipeline.n_microbatches": m}
+    jobs, keys = [], []
     for _ in range(reps):
         for sched, vv in arms:
-            per_stage = t_layer * n_layer / (P * vv)
-            for cost in ((per_stage, 2 * per_stage), (0.0, 0.0)):
-                jobs.append(dict(schedule=sched, v=vv, n_mb=m, batch=m, steps=steps, n_layer=n_layer,
-                                 d_model=16, seq_len=8, cost=cost))
-    with tempfile.TemporaryDirectory() as d:
-        res = spawn(jobs, P, d, timeout_s=500)
+            for ms in (t_layer * 1e3, 0.0):
+                kw = dict(base, **{"pipeline.schedule": sched, "pipeline.stages_per_rank": vv, "pipeline.block_ms": ms})
+                jobs.append([f"--{k}={val}" for k, val in kw.items()])
+                keys.append((sched, ms > 0))
+    res = time_on_processes(jobs, P, timeout_s=900)
     work = m * n_layer / P * 3 * t_layer
     rows = []
     for sched, vv in arms:
         def step_time(costed: bool) -> float:
             # a step ends when the slowest rank ends: max over ranks, then median over steps and reps
-            return statistics.median(max(res[r][j]["times"][k] for r in range(P))
-                                     for j, job in enumerate(jobs)
-                                     if job["schedule"] == sched and (job["cost"][0] > 0) == costed
-                                     for k in range(1, steps))
+            return statistics.median(max(t[k] for t in r["times"]) for r, key in zip(res, keys)
+                                     if key == (sched, costed) for k in range(1, steps))
         t, o = step_time(True), step_time(False)
         pred = planner.bubble(P, vv, m, "looped" if vv > 1 else "contiguous")
         rows.append(dict(schedule=sched, P=P, v=vv, m=m, step_ms=round(t * 1e3, 1),
@@ -75,8 +76,19 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=["pipeline", "layered_accumulation"],
+                    help="measure one part and keep the other part of the committed JSON as it is")
     a = ap.parse_args()
-    if a.quick:
+    out = ROOT / "results" / ("pipeline_cpu_quick.json" if a.quick else "pipeline_cpu.json")
+    kept = json.loads(out.read_text()) if a.only and out.is_file() else {}
+    if a.only == "pipeline":
+        pipe = pipeline_bench(P=4, m=4, v=2, n_layer=8, t_layer=0.025, reps=3, steps=4)
+        pipe += pipeline_bench(P=4, m=8, v=2, n_layer=8, t_layer=0.025, reps=3, steps=4)
+        lga = kept["layered_accumulation"]
+    elif a.only == "layered_accumulation":
+        pipe = kept["pipeline"]
+        lga = measure_exposed_comm(ROOT / "data" / "shakespeare", mbps=20.0, reps=5, grad_accum=4, timeout_s=600)
+    elif a.quick:
         pipe = pipeline_bench(P=4, m=4, v=2, n_layer=8, t_layer=0.004, reps=1, steps=3)
         lga = measure_exposed_comm(ROOT / "data" / "shakespeare", mbps=20.0, reps=1, grad_accum=4)
     else:
@@ -88,7 +100,6 @@ def main():
     print(table(pipe))
     print("\ndata-parallel reduction (2 gloo processes, emulated link 20 MB/s):")
     print(table(lga))
-    out = ROOT / "results" / ("pipeline_cpu_quick.json" if a.quick else "pipeline_cpu.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(dict(quick=a.quick, pipeline=pipe, layered_accumulation=lga), indent=1))
     print(f"\nwrote {out.relative_to(ROOT)}")

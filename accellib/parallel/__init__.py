@@ -1,2 +1,6 @@
 """Techniques that change *how* a step executes across processes (layered gradient
-accumulation, modular pipeline parallelism, delayed gradients)."""
+accumulation; the engines that split the model across processes: modular pipeline parallelism,
+Ouroboros delayed gradients)."""
+# the technique registry first: it imports every module here, and engine.py must be complete before
+# the engines that subclass it (importing accellib.parallel.engine first would otherwise be circular)
+from .. import techniques  # noqa: F401

@@ -172,3 +172,42 @@ def scale_grads(params: list[nn.Parameter], total: torch.Tensor, max_norm: float
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef)
+
+
+# ----------------------------------------------------------------------------- timing harness
+def _timed_jobs(jobs: list[list[str]], out_dir: str) -> None:
+    """One process of `time_on_processes`: train every job through the trainer (no run folder), timing
+    each optimizer step between barriers."""
+    import json
+    from pathlib import Path
+
+    from ..config import load_config
+    from ..trainer import Trainer
+    res = []
+    for overrides in jobs:
+        tr = Trainer(load_config(None, overrides))
+        times, losses = [], []
+        for _ in range(tr.cfg.train.steps):
+            tr.accelerator.wait_for_everyone()
+            t0 = time.perf_counter()
+            losses.append(tr.train_step())
+            times.append(time.perf_counter() - t0)
+        res.append(dict(times=times, losses=losses))
+    Path(out_dir, f"rank{dist.get_rank() if dist.is_initialized() else 0}.json").write_text(json.dumps(res))
+
+
+def time_on_processes(jobs: list[list[str]], world: int, timeout_s: float = 300) -> list[dict]:
+    """Train each job (a list of `--section.key=value` overrides) for train.steps steps on `world` fresh
+    CPU processes (gloo) through the one trainer, and return per job the step times of every process
+    (`times[rank][step]`; a step ends when the slowest process ends: take the max over ranks) and the
+    losses. For notebooks and benchmarks that time an engine's schedule, e.g. with pipeline.block_ms."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from ..launch import launch_processes
+    with tempfile.TemporaryDirectory() as d:
+        launch_processes(_timed_jobs, (jobs, d), world, timeout_s=timeout_s, start_method="spawn")
+        ranks = [json.loads(Path(d, f"rank{r}.json").read_text()) for r in range(world)]
+    return [dict(times=[ranks[r][j]["times"] for r in range(world)], losses=ranks[0][j]["losses"])
+            for j in range(len(jobs))]
