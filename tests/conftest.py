@@ -88,3 +88,24 @@ def crash_and_resume(cfg_factory, kw: dict, tmp_path, monkeypatch, crash_after: 
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
     return (strip(read_metrics(tmp_path / "full")), strip(read_metrics(tmp_path / "part")),
             read_record(tmp_path / "full"), read_record(tmp_path / "part"))
+
+
+def train_run(data_dir, out, extra: dict, crash_after=None, resume: bool = False):
+    """Train the tiny config (+ `extra`) into `out` through the CLI's training_function; usable as the
+    function of accellib.launch.launch_processes (one call per process). `crash_after`: raise after that
+    many optimizer steps (a RuntimeError: torch's process launcher swallows KeyboardInterrupt)."""
+    from accelerate.state import AcceleratorState
+    from accellib.train import training_function
+    from accellib.trainer import Trainer
+    if crash_after is not None:
+        orig = Trainer.train_step
+
+        def crash(self):
+            if self.state.step == crash_after:
+                raise RuntimeError("crash")
+            return orig(self)
+        Trainer.train_step = crash
+    try:
+        training_function(load_config(None, tiny_overrides(data_dir, **extra)), out, resume=resume)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -14,27 +14,10 @@ from accellib.launch import launch_processes
 from accellib.parallel.pipeline import PipelineError, check_config, placement, split_layers
 from accellib.records import read_metrics
 from accellib.trainer import Trainer
-from conftest import tiny_overrides
+from conftest import tiny_overrides, train_run as _train
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2}
-
-
-def _train(data_dir, out, extra, crash_after=None, resume=False):
-    from accelerate.state import AcceleratorState
-    from accellib.train import training_function
-    if crash_after is not None:
-        orig = Trainer.train_step
-
-        def crash(self):
-            if self.state.step == crash_after:   # (torch's process launcher swallows KeyboardInterrupt)
-                raise RuntimeError("crash")
-            return orig(self)
-        Trainer.train_step = crash
-    try:
-        training_function(load_config(None, tiny_overrides(data_dir, **extra)), out, resume=resume)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _close(ref: Path, run: Path, tol=2e-5):
