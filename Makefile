@@ -37,7 +37,7 @@ test: install data
 	  --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
 
 # The results cache the notebooks read (results/*.json): multi-seed, equal-compute experiments on the
-# tutorial baseline, about 25 min on 2 cores (benchmarks/reproduce.py --jobs N uses N cores)
+# tutorial baseline and the Ouroboros arms (configs/ouroboros.yaml), about 32 min on 2 cores (benchmarks/reproduce.py --jobs N uses N cores)
 results: install data
 	$(PY) benchmarks/reproduce.py
 

@@ -13,7 +13,10 @@ COLORS = ["#000000", "#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC
 # the same arm has the same colour in every notebook and in compare.png
 ARM_COLORS = {"baseline": COLORS[0], "pld": COLORS[1], "sbld": COLORS[2], "random_ltd": COLORS[3],
               "multilevel": COLORS[4], "pld+random_ltd": COLORS[5], "sbld+random_ltd": COLORS[6],
-              "control": "#777777"}
+              "control": "#777777",
+              # engines that split the model (notebooks 05, 06): shades that stay clear of the baseline's black
+              "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
+              "ouroboros": "#17becf"}
 REFERENCE_STYLE = {"unigram": ":", "bigram": "--"}
 
 X_LABELS = dict(step="optimizer step", flops="training FLOPs (analytic)", wall="wall time (s)",
