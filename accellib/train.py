@@ -1,6 +1,7 @@
 """Command line: train one configuration.
 
     python -m accellib.train --config configs/tiny.yaml --out runs/tiny [--section.key=value ...]
+    python -m accellib.train --config configs/tutorial.yaml --arm pld --out runs/pld   (one arm of a compare YAML)
     python -m accellib.train --resume runs/tiny [--train.steps=600]
     python -m accellib.train --config configs/tiny.yaml --out runs/tiny --overwrite   (replace a run)
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m accellib.train ...
@@ -88,6 +89,23 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     return cfg
 
 
+def run_config(config: str | None, arm: str | None, overrides: list[str]) -> RunConfig:
+    """The config to train: a plain config file, or one arm of a compare YAML (its base plus the arm's
+    overrides, exactly as `python -m accellib.compare` would train it)."""
+    import yaml
+    from .compare import arm_configs, baseline_arm, load_arms
+    p = Path(config) if config else None
+    raw = yaml.safe_load(p.read_text()) if p is not None and p.is_file() else None
+    if isinstance(raw, dict) and "arms" in raw:
+        names = list(load_arms(p)[1])
+        name = arm or baseline_arm(names)
+        return arm_configs(p, [name], overrides)[name]
+    if arm:
+        raise ConfigError(f"--arm {arm} needs a compare YAML with `arms:` (e.g. configs/tutorial.yaml); "
+                          f"{config or 'no --config'} has none")
+    return load_config(config, overrides)
+
+
 def report(e: Exception) -> int:
     """Print a user error as one line (once, from rank 0); 2 is the exit status."""
     import torch.distributed as dist
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the run in --out (after the config and data are checked)")
+    ap.add_argument("--arm", help="with a compare YAML (one with `arms:`, e.g. configs/tutorial.yaml): train this "
+                                  "arm (default: its baseline)")
     args, overrides = ap.parse_known_args(argv)
     try:
         if args.resume:
@@ -119,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.out:
                 raise ConfigError("--out is required (the folder for metrics, checkpoints and the record)")
-            cfg = load_config(args.config, overrides)
+            cfg = run_config(args.config, args.arm, overrides)
             final = training_function(cfg, args.out, overwrite=args.overwrite)
     except USER_ERRORS as e:
         return report(e)

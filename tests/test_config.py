@@ -1,7 +1,11 @@
 """Config loading, overrides and one-line validation errors."""
+from pathlib import Path
+
 import pytest
 
 from accellib.config import ConfigError, help_text, load_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_yaml_and_overrides(tmp_path):
@@ -71,3 +75,22 @@ def test_incompatible_techniques_fail_with_one_line_error():
         check_composition([A(None, None), B(None, None)])
     with pytest.raises(ConfigError, match="d cannot be combined with c"):
         check_composition([C(None, None), D(None, None)])
+
+
+def test_train_takes_one_arm_of_a_compare_yaml(tiny_data_dir, tmp_path, capsys):
+    # `python -m accellib.train --config configs/tutorial.yaml` trains the tutorial baseline; --arm picks another
+    # arm, exactly as compare would build it; a wrong arm or --arm with a plain config is one line
+    import yaml
+    from accellib.train import main, run_config
+    from conftest import tiny_overrides
+    base = parse_overrides(tiny_overrides(tiny_data_dir, **{"train.steps": 2}))
+    base["arms"] = {"baseline": {}, "pld": {"pld": {"enabled": True}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(base))
+    assert run_config(str(tmp_path / "c.yaml"), None, []).enabled() == []
+    assert run_config(str(tmp_path / "c.yaml"), "pld", ["--train.steps=3"]).enabled() == ["pld"]
+    assert run_config(str(ROOT / "configs" / "tutorial.yaml"), None, []).model.n_layer == 6
+    assert main(["--config", str(tmp_path / "c.yaml"), "--arm", "pld", "--out", str(tmp_path / "run")]) == 0
+    assert main(["--config", str(tmp_path / "c.yaml"), "--arm", "nope", "--out", str(tmp_path / "r2")]) == 2
+    assert "unknown arm 'nope'" in capsys.readouterr().err
+    assert main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--arm", "pld", "--out", str(tmp_path / "r3")]) == 2
+    assert "needs a compare YAML" in capsys.readouterr().err

@@ -16,10 +16,10 @@ over a (dp, pp) grid of processes, all-reduced after the schedule's step).
 
 It runs inside the trainer (accellib/parallel/engine.py), so a pipelined run evaluates, logs,
 checkpoints, resumes and enters `compare` like any other:
-    torchrun --nproc_per_node 4 -m accellib.train --config configs/tutorial.yaml --out runs/pp \
-        --pipeline.schedule=looped_bfs --train.steps=50                        # 4 CPU processes (gloo)
+    torchrun --nproc_per_node 3 -m accellib.train --config configs/tutorial.yaml --out runs/pp \
+        --pipeline.schedule=looped_bfs --train.steps=50     # 3 CPU processes (gloo): 3 x 2 stages = 6 blocks
     torchrun --nproc_per_node 8 -m accellib.train --config configs/gpt2_small_owt.yaml --out runs/pp8 \
-        --pipeline.schedule=interleaved_1f1b --pipeline.stages_per_rank=3 --pipeline.dp=2 \
+        --train.grad_accum=1 --pipeline.schedule=interleaved_1f1b --pipeline.stages_per_rank=3 --pipeline.dp=2 \
         --pipeline.n_microbatches=8                                            # 8 GPUs: dp2 x pp4
 train.batch_size is the batch of one pipeline per step (cut into pipeline.n_microbatches).
 Not supported: FSDP2-sharded stages (torch inserts per-stage UNSHARD/REDUCE_GRAD actions for those)
