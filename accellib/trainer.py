@@ -179,10 +179,11 @@ class Trainer:
         if self.engine is not None:  # the model is split across processes: the engine runs the step
             with acc.autocast():
                 losses = self.engine.forward_backward(batches)  # the same numbers on every process
-        for tech in self.techniques:
-            if losses is not None:
-                break
-            losses = tech.run_step(self, batches, plans)
+        else:
+            for tech in self.techniques:
+                losses = tech.run_step(self, batches, plans)
+                if losses is not None:
+                    break
         if losses is None:  # standard gradient accumulation
             losses = []
             for m, ((x, y), plan) in enumerate(zip(batches, plans)):
@@ -198,8 +199,9 @@ class Trainer:
         if not math.isfinite(loss):
             self._diverged(f"training loss is {loss} at step {st.step + 1}")
         # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
-        clip = (acc.clip_grad_norm_ if self.engine is None else lambda _, m: self.engine.clip_grad_norm_(m))
-        norm = clip(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
+        max_norm = cfg.optim.grad_clip or float("inf")
+        norm = (acc.clip_grad_norm_(self.model.parameters(), max_norm) if self.engine is None
+                else self.engine.clip_grad_norm_(max_norm))
         self.last_grad_norm = float(norm)
         lr = self.lr_schedule(st)
         for tech in self.techniques:

@@ -23,6 +23,7 @@ process; an engine that must not pay it would evaluate through its stages instea
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Optional
 
@@ -40,8 +41,10 @@ class Engine(Technique):
     def __init__(self, cfg, run_cfg):
         super().__init__(cfg, run_cfg)
         self.dp_world, self.dp_rank = 1, 0   # data-parallel size and index (whole pipelines / rings)
+        self.device = torch.device("cpu")    # build() sets the accelerator's device
 
     def build(self, model: Transformer, accelerator) -> None:
+        """Make the process groups and stages of this process, set self.device, and call assign()."""
         raise NotImplementedError
 
     def parameters(self) -> list[nn.Parameter]:
@@ -53,11 +56,30 @@ class Engine(Technique):
         a parameter gets no update this step); return the micro-batch losses, the same on every rank."""
         raise NotImplementedError
 
+    def assign(self, model: Transformer, stages: list[nn.Module], process_of: list[int], counted: list[int]) -> None:
+        """Called by build(): each parameter belongs to the first stage holding it (the tied embedding: stage
+        0) and is owned by that stage's process (`process_of[s]`, in data-parallel replica 0). `counted`: the
+        stages whose gradient norms this process contributes to the global norm (its own, in replica 0)."""
+        self.model, self.n_parts, self.counted = model, len(stages), counted
+        self.part, self.owner_of = {}, {}
+        for s, stage in enumerate(stages):
+            for p in stage.parameters():
+                if id(p) not in self.part:
+                    self.part[id(p)], self.owner_of[id(p)] = s, process_of[s]
+
     def clip_grad_norm_(self, max_norm: float) -> float:
-        raise NotImplementedError
+        """The global pre-clip gradient norm: per-stage norms where each stage lives, combined by
+        `norm_of_parts` (the same bits on one process or several); clips like torch's clip_grad_norm_."""
+        params = self.parameters()
+        parts = [grad_norm([p for p in params if self.part[id(p)] == s]) for s in self.counted]
+        total = norm_of_parts(parts, self.n_parts, self.counted, self.device)
+        if math.isfinite(max_norm):
+            scale_grads(params, total, max_norm)
+        return float(total)
 
     def sync_replica(self) -> None:
-        pass
+        """Every process gets the current weights of the stages it does not run (before eval and save)."""
+        broadcast_owned(self.model, self.owner_of)
 
     def rank_state(self) -> dict:
         return {}

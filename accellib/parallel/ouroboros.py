@@ -43,7 +43,7 @@ from torch.func import functional_call
 from ..config import ConfigError, opt
 from ..model import lm_loss
 from ..techniques import register
-from .engine import Engine, Stage, broadcast_owned, grad_norm, norm_of_parts, scale_grads, split_evenly
+from .engine import Engine, Stage, split_evenly, unique_params
 
 ACT, ERR = 0, 1   # message kinds: forward activation, backward error signal
 
@@ -120,17 +120,8 @@ class Ouroboros(Engine):
         self.stages = [Stage(model, range(starts[i], starts[i] + sizes[i]), i == 0, i == K - 1, cost(sizes[i]))
                        for i in range(K)]
         self.local = [i for i in range(K) if self.owner[i] == self.rank]
-        # each parameter belongs to the first module holding it (the tied V: module 1) for ownership
-        # and for the gradient norm
-        self.part, self.owner_of, self.params = {}, {}, []
-        for i, s in enumerate(self.stages):
-            for p in s.parameters():
-                if id(p) not in self.part:
-                    self.part[id(p)] = i
-                    self.owner_of[id(p)] = self.owner[i]
-                    if self.owner[i] == self.rank:
-                        self.params.append(p)
-        self.model = model
+        self.assign(model, self.stages, self.owner, self.local)   # the tied V belongs to module 1
+        self.params = [p for p in unique_params(self.stages) if self.owner_of[id(p)] == self.rank]
         self.shape = (model.cfg.d_model,)
         self.t = 0                                          # iterations done
         self.pending = {i: deque() for i in self.local}     # in-flight batches of module i < K
@@ -218,19 +209,7 @@ class Ouroboros(Engine):
             dist.broadcast(losses, 0)
         return list(losses)
 
-    # ------------------------------------------------------------------ norm, replica, state
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        K = len(self.stages)
-        parts = [grad_norm([p for p in self.params if self.part[id(p)] == i]) for i in range(K)]
-        local = [i for i in range(K) if self.owner[i] == self.rank]
-        total = norm_of_parts([parts[i] for i in local], K, local, self.device)
-        if max_norm and max_norm != float("inf"):
-            scale_grads(self.params, total, max_norm)
-        return float(total)
-
-    def sync_replica(self) -> None:
-        broadcast_owned(self.model, self.owner_of)
-
+    # ------------------------------------------------------------------ in-flight state
     def rank_state(self) -> dict:
         return dict(t=self.t, world=self.world,
                     pending={i: [([x.detach() for x in e.ins], {n: v.detach() for n, v in e.snap.items()})

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..config import ConfigError, opt
 from ..model import Transformer, lm_loss
 from ..techniques import register
-from .engine import Engine, Stage, broadcast_owned, grad_norm, norm_of_parts, scale_grads, unique_params
+from .engine import Engine, Stage, unique_params
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs")
 MULTI_STAGE = ("interleaved_1f1b", "looped_bfs")
@@ -187,14 +187,8 @@ class PipelineEngine(Engine):
                              list(range(d * pp, (d + 1) * pp)), dp_groups[rank % pp],
                              tie_groups[d] if tie_groups else None, accelerator.device,
                              (c.block_ms / 1e3, 2 * c.block_ms / 1e3))
-        self.model = model
-        # each parameter is owned by the first stage holding it (the tied weight: stage 0), on replica 0
-        self.part, self.owner_of = {}, {}
-        for s, stage in enumerate(self.pipe.all_stages):
-            for p in stage.parameters():
-                if id(p) not in self.part:
-                    self.part[id(p)] = s
-                    self.owner_of[id(p)] = next(r for r, ss in enumerate(self.pipe.placed) if s in ss)
+        process_of = [next(r for r, ss in enumerate(self.pipe.placed) if s in ss) for s in range(self.pipe.n_stages)]
+        self.assign(model, self.pipe.all_stages, process_of, self.pipe.stage_ids if d == 0 else [])
 
     def parameters(self):
         return self.pipe.parameters()
@@ -205,15 +199,3 @@ class PipelineEngine(Engine):
         v = torch.zeros(1, device=self.device) if loss is None else loss.detach().float().reshape(1)
         dist.all_reduce(v)   # one last stage per pipeline: the sum over processes is the sum over pipelines
         return [v[0] / self.dp_world]
-
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        n, mine = self.pipe.n_stages, self.pipe.stage_ids if self.dp_rank == 0 else []
-        params = self.parameters()
-        parts = [grad_norm([p for p in params if self.part[id(p)] == s]) for s in mine]
-        total = norm_of_parts(parts, n, mine, self.device)
-        if max_norm and max_norm != float("inf"):
-            scale_grads(params, total, max_norm)
-        return float(total)
-
-    def sync_replica(self) -> None:
-        broadcast_owned(self.model, self.owner_of)
