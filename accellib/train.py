@@ -86,6 +86,16 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         if k != "vocab_size" and getattr(stored.model, k) != v:
             raise ConfigError(f"--model.{k}={v} changes the model of the run being resumed ({run_dir} has "
                               f"model.{k}={getattr(stored.model, k)}); drop it, or start a new run with --out")
+    # the checkpoint holds the state of exactly the techniques the run had, and an engine's files are
+    # per process of its own split: neither can change under a resume
+    if cfg.enabled() != stored.enabled():
+        raise ConfigError(f"{run_dir} was trained with techniques {stored.enabled() or 'none'}; a resume cannot "
+                          f"switch techniques on or off (now {cfg.enabled() or 'none'}); start a new run with --out")
+    from .techniques import REGISTRY
+    for name in stored.enabled():
+        if getattr(REGISTRY[name], "splits_model", False) and cfg.to_dict()[name] != stored.to_dict()[name]:
+            raise ConfigError(f"--{name}.* overrides change how the run in {run_dir} is split across processes; "
+                              f"resume it with its own {name} settings, or start a new run with --out")
     return cfg
 
 

@@ -218,3 +218,18 @@ def test_resume_on_another_process_count_is_one_line(tiny_data_dir, tmp_path, ca
     torch.save(dict(world=2), ck / "engine_rank0.pt")
     assert main(["--resume", str(run), "--train.steps=4"]) == 2
     assert "written by 2 process(es) of ouroboros" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["--ouroboros.enabled=false", "--ouroboros.modules=2", "--pld.enabled=true"])
+def test_a_resume_cannot_change_the_split_or_the_techniques(tiny_data_dir, tmp_path, capsys, override):
+    # before: "--ouroboros.enabled=false" said the checkpoint "cannot be read" (restore from a backup),
+    # "--ouroboros.modules=2" died with a KeyError traceback
+    from accellib.train import main
+    run = tmp_path / "run"
+    _train(tiny_data_dir, run, {"ouroboros.enabled": True, "train.steps": 2})
+    before = (run / "checkpoints" / "last" / "engine_rank0.pt").read_bytes()
+    assert main(["--resume", str(run), "--train.steps=4", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "start a new run with --out" in err
+    assert (run / "checkpoints" / "last" / "engine_rank0.pt").read_bytes() == before
+    assert main(["--resume", str(run), "--train.steps=4"]) == 0
