@@ -32,32 +32,40 @@ def clear_run(out: Path) -> None:
         shutil.rmtree(d)
 
 
-LOCK = ".accellib.lock"  # holds the pid of the process writing the run
+LOCK = ".accellib.lock"  # flock-ed by the process writing the run; holds its pid for the error message
+_HELD: dict[str, int] = {}  # lock file -> the descriptor this process holds it with
 
 
 def lock_run(out: Path) -> str | None:
-    """Take `out` for this process; returns None, or a one-line reason why not. A lock whose process
-    is gone (kill -9) is taken over. Release it with `unlock_run`."""
-    import psutil  # a dependency of accelerate
+    """Take `out` for this process; returns None, or a one-line reason why not. An OS file lock
+    (flock): the kernel releases it when its process ends, even by kill -9, so a dead holder never
+    blocks the folder and two live processes can never both hold it. Release it with `unlock_run`."""
+    import fcntl
     if out.exists() and not out.is_dir():
         return f"--out {out} is a file; give a folder for the run"
     out.mkdir(parents=True, exist_ok=True)
     p = out / LOCK
+    if str(p) in _HELD:
+        return None
     for _ in range(3):
+        fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(p.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and psutil.pid_exists(pid):
-                return (f"another process (pid {pid}) is writing to {out}; wait for it to finish or stop it "
-                        f"(if no accellib process uses the folder, delete {p})")
-            p.unlink(missing_ok=True)  # its process is gone: take the folder over
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode(errors="ignore").strip()
+            os.close(fd)
+            return (f"another process{f' (pid {pid})' if pid else ''} is writing to {out}; "
+                    "wait for it to finish or stop it")
+        try:
+            same = os.fstat(fd).st_ino == os.stat(p).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # its holder released and removed the file between our open and our lock: again
+            os.close(fd)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        _HELD[str(p)] = fd
         return None
     return f"could not take {p} (other processes keep taking it); retry"
 
@@ -65,11 +73,10 @@ def lock_run(out: Path) -> str | None:
 def unlock_run(out: Path) -> None:
     """Release `out` (if this process holds it); a folder left empty, e.g. by a refused run, is removed."""
     p = out / LOCK
-    try:
-        if int(p.read_text().strip()) == os.getpid():
-            p.unlink()
-    except (OSError, ValueError):
-        pass
+    fd = _HELD.pop(str(p), None)
+    if fd is not None:
+        p.unlink(missing_ok=True)  # before the release: a process waiting on this file sees it is gone
+        os.close(fd)               # releases the lock
     try:
         out.rmdir()  # only succeeds when empty
     except OSError:

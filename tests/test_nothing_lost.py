@@ -216,9 +216,13 @@ def test_a_second_command_on_a_running_folder_is_refused(tiny_cfg, tmp_path, cap
     run = tmp_path / "run"
     training_function(tiny_cfg(**{"train.steps": 2}), run)
     metrics = (run / "metrics.jsonl").read_text()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a live process holds the folder (takes it as accellib.train does, then keeps running)
+    code = (f"import time; from pathlib import Path; from accellib.run_dir import lock_run; "
+            f"assert lock_run(Path({str(run)!r})) is None; print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              stdout=subprocess.PIPE, text=True)
     try:
-        (run / LOCK).write_text(str(holder.pid))  # as a live accellib process would hold it
+        assert holder.stdout.readline().strip() == "held"
         assert main(["--resume", str(run), "--train.steps=4"]) == 2
         err = capsys.readouterr().err
         assert f"another process (pid {holder.pid}) is writing to {run}" in err
@@ -251,3 +255,19 @@ def test_two_real_resumes_cannot_interleave(tiny_data_dir, tmp_path):
         first.wait()
     steps = [r["step"] for r in read_metrics(run)]
     assert steps == sorted(set(steps))  # one writer: strictly increasing, no duplicates
+
+
+def test_the_folder_lock_is_the_os_lock_not_the_file(tmp_path):
+    # before: a lock file still empty (its taker between create and write) or naming a dead pid was
+    # "stale" and taken over, so two live processes could both hold a folder; now only the OS lock counts
+    from accellib.run_dir import LOCK, lock_run, unlock_run
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK).write_text("")               # left over, held by nobody: taken
+    assert lock_run(run) is None
+    code = f"from pathlib import Path; from accellib.run_dir import lock_run; print(lock_run(Path({str(run)!r})))"
+    other = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           capture_output=True, text=True, timeout=60)
+    assert f"another process (pid {os.getpid()}) is writing to {run}" in other.stdout, other.stdout + other.stderr
+    unlock_run(run)
+    assert not run.exists()                   # released, and the folder it made empty is gone
