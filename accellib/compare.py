@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from .budget import BUDGETS, resolve
-from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides, with_horizon
+from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides, read_yaml, with_horizon
 from .data import load_token_data, ngram_references
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
@@ -31,12 +31,7 @@ from .train import USER_ERRORS, report, training_function
 
 def load_arms(path: str | Path) -> tuple[dict, dict]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = read_yaml(p)
     if not isinstance(raw, dict):
         raise ConfigError(f"{p} must be a mapping of sections and `arms:`, got "
                           f"{'an empty file' if raw is None else 'a ' + type(raw).__name__}; see configs/tutorial.yaml")

@@ -208,18 +208,24 @@ def parse_overrides(args: list[str]) -> dict:
     return out
 
 
+def read_yaml(path: str | Path):
+    """A config file's YAML (None for an empty file), or a one-line ConfigError if it is missing or invalid."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+
+
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None,
                 extra: Optional[dict] = None) -> RunConfig:
     """Defaults <- YAML file <- `extra` dict <- command-line overrides, validated."""
     cfg = default_config()
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
-        try:
-            raw = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raw = read_yaml(p)
         if raw is None:  # an empty file would otherwise train on the defaults without a word
             raise ConfigError(f"{p} is empty; write at least one section (see configs/tiny.yaml), "
                               "or leave out --config to train on the defaults")

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from .config import ConfigError, RunConfig, help_text, load_config
+from .config import ConfigError, RunConfig, help_text, load_config, read_yaml
 from .data import DataError, load_token_data
 from .launch import LaunchError, end_accelerate_launcher, process_state
 from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
@@ -102,10 +102,9 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 def run_config(config: str | None, arm: str | None, overrides: list[str]) -> RunConfig:
     """The config to train: a plain config file, or one arm of a compare YAML (its base plus the arm's
     overrides, exactly as `python -m accellib.compare` would train it)."""
-    import yaml
     from .compare import arm_configs, baseline_arm, load_arms
     p = Path(config) if config else None
-    raw = yaml.safe_load(p.read_text()) if p is not None and p.is_file() else None
+    raw = read_yaml(p) if p is not None else None
     if isinstance(raw, dict) and "arms" in raw:
         names = list(load_arms(p)[1])
         name = arm or baseline_arm(names)

@@ -94,3 +94,6 @@ def test_train_takes_one_arm_of_a_compare_yaml(tiny_data_dir, tmp_path, capsys):
     assert "unknown arm 'nope'" in capsys.readouterr().err
     assert main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--arm", "pld", "--out", str(tmp_path / "r3")]) == 2
     assert "needs a compare YAML" in capsys.readouterr().err
+    (tmp_path / "broken.yaml").write_text("model: [\n")   # before: a yaml.ParserError traceback
+    assert main(["--config", str(tmp_path / "broken.yaml"), "--out", str(tmp_path / "r4")]) == 2
+    assert "broken.yaml is not valid YAML" in capsys.readouterr().err
