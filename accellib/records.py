@@ -43,6 +43,15 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def table(rows: list[dict], skip: tuple[str, ...] = ()) -> str:
+    """Rows of a benchmark as a text table, one column per key of the first row (but `skip`)."""
+    keys = [k for k in rows[0] if k not in skip]
+    w = max(11, *(len(k) for k in keys))
+    lines = [" | ".join(f"{k:>{w}}" for k in keys)]
+    lines += [" | ".join(f"{str(r[k]):>{w}}" for k in keys) for r in rows]
+    return "\n".join(lines)
+
+
 def write_json(path: str | Path, obj) -> None:
     """Atomic JSON write (temp file + rename): a crash never leaves half a record."""
     path = Path(path)

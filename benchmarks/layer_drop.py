@@ -28,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from accellib.config import load_config  # noqa: E402
+from accellib.records import write_json  # noqa: E402
 from accellib.trainer import Trainer  # noqa: E402
 
 # (a) times the brief's model; (b) needs 21 runs of 400 steps, so it uses a narrower, shorter-context one
@@ -197,9 +198,8 @@ def main() -> None:
     out = ROOT / "results" / "layer_drop_cpu.json"
     if not q:
         out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(dict(equal_steps=a, to_target=b, steps=steps, seeds=seeds,
-                                       model_a=MODEL_A, model_b=MODEL_B, threads=1,
-                                       batch_size=16, torch=torch.__version__), indent=1))
+        write_json(out, dict(equal_steps=a, to_target=b, steps=steps, seeds=seeds, model_a=MODEL_A,
+                             model_b=MODEL_B, threads=1, batch_size=16, torch=torch.__version__))
         print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -48,7 +48,7 @@ import torch  # noqa: E402
 from accellib.compare import arm_configs  # noqa: E402
 from accellib.config import load_config  # noqa: E402
 from accellib.launch import launch_processes  # noqa: E402
-from accellib.records import read_metrics  # noqa: E402
+from accellib.records import read_metrics, table, write_json  # noqa: E402
 from accellib.parallel.ouroboros import default_split  # noqa: E402
 from accellib.parallel.simulate import ouroboros_step_time  # noqa: E402
 
@@ -92,8 +92,7 @@ def _worker(jobs: list[dict], data: Path, tmp: Path) -> None:
 
 
 def step_times(run: Path, skip: int) -> list[float]:
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    walls = [r["wall"] for r in recs]
+    walls = [r["wall"] for r in read_metrics(run)]
     return [b - a for a, b in zip(walls[skip - 1:], walls[skip:])]   # steps skip+1, skip+2, ...
 
 
@@ -154,13 +153,6 @@ def convergence(steps: int, ks: list[int], data: Path) -> dict:
     return res
 
 
-def table(rows):
-    keys = [k for k in rows[0] if k != "samples"]
-    lines = [" | ".join(f"{k:>11}" for k in keys)]
-    lines += [" | ".join(f"{str(r[k]):>11}" for k in keys) for r in rows]
-    return "\n".join(lines)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -185,7 +177,7 @@ def main():
 
     print(f"step time per arm (block_ms={block_ms}: forward block_ms, backward 2 block_ms per block; "
           f"n_layer=6, batch {batch}; ratio = measured / ideal, net = after subtracting the block_ms=0 overhead):")
-    print(table(rows))
+    print(table(rows, skip=("samples",)))
     print("\nspeed-up of Ouroboros (delayed) = other arm's step time / Ouroboros's (measured; ideal):")
     print(table(speed))
     print(f"\nconvergence at equal steps ({conv_steps} steps, configs/tutorial.yaml, seed 1337, "
@@ -214,7 +206,7 @@ def main():
                                 vs_locked="locked step / delayed step", vs_dp="dp step / delayed step"))
     out = ROOT / ("runs/ouroboros_cpu_quick.json" if a.quick else "results/ouroboros_cpu.json")
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
+    write_json(out, res)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

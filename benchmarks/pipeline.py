@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from accellib import planner  # noqa: E402
 from accellib.parallel.comm_overlap import measure_exposed_comm  # noqa: E402
 from accellib.parallel.engine import time_on_processes  # noqa: E402
+from accellib.records import table, write_json  # noqa: E402
 
 
 def pipeline_bench(P: int, m: int, v: int, n_layer: int, t_layer: float, reps: int, steps: int):
@@ -66,13 +67,6 @@ def pipeline_bench(P: int, m: int, v: int, n_layer: int, t_layer: float, reps: i
     return rows
 
 
-def table(rows):
-    keys = list(rows[0])
-    lines = [" | ".join(f"{k:>14}" for k in keys)]
-    lines += [" | ".join(f"{str(r[k]):>14}" for k in keys) for r in rows]
-    return "\n".join(lines)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -101,7 +95,7 @@ def main():
     print("\ndata-parallel reduction (2 gloo processes, emulated link 20 MB/s):")
     print(table(lga))
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(dict(quick=a.quick, pipeline=pipe, layered_accumulation=lga), indent=1))
+    write_json(out, dict(quick=a.quick, pipeline=pipe, layered_accumulation=lga))
     print(f"\nwrote {out.relative_to(ROOT)}")
 
 
