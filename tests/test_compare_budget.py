@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from accellib.budget import planned_flops, resolve, steps_for_flops
-from accellib.compare import crossing, main as compare_main, run_arms, summarize
+from accellib.compare import crossing, format_table, main as compare_main, run_arms, summarize
 from accellib.config import ConfigError, load_config, with_horizon
 from accellib.data import load_token_data, ngram_references
 from accellib.records import read_metrics
@@ -80,8 +80,27 @@ def test_crossing_interpolates_and_says_not_reached():
     assert crossing(recs, 2.5, "flops") == 15.0
     assert crossing(recs, 3.0, "flops") == 10.0
     assert crossing(recs, 1.5, "flops") == math.inf                       # a transition record does not count
-    # a seed that never gets there is kept in the median: 2 of 3 misses -> not reached
-    assert statistics.median([0.8, math.inf, math.inf]) == math.inf
+
+
+def test_summary_keeps_seeds_that_miss_the_target(tmp_path):
+    # a seed that never reaches its baseline's final loss counts as infinitely slow: with 2 of 3 missing,
+    # the median is "not reached" (before, the misses were dropped and 1 seed's 0.5 was the median)
+    seeds, plan = (1, 2, 3), dict(baseline="baseline", seeds=3, seed0=1)
+    curves = {"baseline": [3.0, 2.0, 1.0], "pld": {1: [3.0, 1.0, 0.9], 2: [3.0, 2.5, 2.2], 3: [3.0, 2.9, 2.5]}}
+    results = {}
+    for arm in ("baseline", "pld"):
+        for s in seeds:
+            d = tmp_path / arm / f"seed{s}"
+            d.mkdir(parents=True)
+            vals = curves[arm] if arm == "baseline" else curves[arm][s]
+            recs = [dict(step=i + 1, val_loss=v, flops=10.0 * (i + 1), wall=float(i + 1), tokens=100 * (i + 1))
+                    for i, v in enumerate(vals)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+            results[f"{arm}/seed{s}"] = dict(recs[-1], step=3, val_bpb=1.0)
+    rows = {r["arm"]: r for r in summarize(tmp_path, results, plan)}
+    assert rows["pld"]["reached"] == 1 and rows["pld"]["to_target_flops"] == math.inf
+    assert rows["baseline"]["reached"] == 3 and rows["baseline"]["to_target_flops"] == 1.0
+    assert "not reached" in format_table(list(rows.values()))
 
 
 def _yaml(tmp_path, data):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from accellib.parallel.ouroboros import default_split, delays, placement
-from accellib.parallel.simulate import (ouroboros_devices, ouroboros_orders, ouroboros_step_time,
+from accellib.parallel.ouroboros import default_split, delays
+from accellib.parallel.simulate import (ouroboros_orders, ouroboros_step_time,
                                         ouroboros_timeline)
 
 
@@ -82,15 +82,12 @@ def test_locked_is_one_chain_and_delayed_reaches_a_steady_state():
 
 def test_timeline_models_the_engines_program():
     for k in (1, 2, 3, 4, 5):
-        assert ouroboros_devices(k) == placement(k, 1 if k <= 2 else k - 1)
         sizes, iters = [1] * k, k + 2
         tasks = ouroboros_timeline(sizes, iterations=iters)
         d = delays(k)
         for i in range(k):   # module i runs every forward, and the backward of batch n once n + d_i < iters
             assert sorted(x.mb for x in tasks if x.stage == i and x.kind == "F") == list(range(iters))
             assert sorted(x.mb for x in tasks if x.stage == i and x.kind == "B") == list(range(iters - d[i]))
-            for x in tasks:
-                assert x.device == ouroboros_devices(k)[x.stage]
     # process 0 of K=3 in a steady iteration: module 1's forward and delayed backward, module 3's
     # forward and backward, then the wait for module 2's error signal
     assert ouroboros_orders(3, True, 5)[0] == [("F", 0, 5), ("B", 0, 3), ("F", 2, 5), ("B", 2, 5), ("R", 0, 4)]

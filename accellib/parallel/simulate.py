@@ -129,17 +129,18 @@ def gantt(tasks: list[Task], P: int, ax=None, title: str = "", color_by: str = "
 
 # ----------------------------------------------------------------------------- Ouroboros
 def ouroboros_devices(k: int) -> list[int]:
-    """Process of each module (index 0..K-1): modules 1 and K on process 0, module k on process k-1;
-    K = 1, 2 on one process (accellib.parallel.ouroboros.placement with K-1 processes)."""
-    return [0] * k if k <= 2 else [0, *range(1, k - 1), 0]
+    """Process of each module (index 0..K-1) on the ring of K-1 processes: the engine's own placement."""
+    from .ouroboros import placement
+    return placement(k, 1 if k <= 2 else k - 1)
 
 
 def ouroboros_orders(k: int, delayed: bool, t: int) -> dict[int, list[tuple[str, int, int]]]:
     """Iteration t of each process (Ouroboros.forward_backward), as (kind, module, batch) actions:
     F and B are the module's forward and backward of a batch; R(i, n) is module i waiting for the
     error signal module i+1 computed for batch n (a blocking receive: no work, only a wait)."""
+    from .ouroboros import delays
     dev = ouroboros_devices(k)
-    d = [k - 1 - i if delayed else 0 for i in range(k)]
+    d = delays(k, delayed)
     orders: dict[int, list] = {}
     for p in range(max(dev) + 1):
         local = [i for i in range(k) if dev[i] == p]
