@@ -25,7 +25,7 @@ from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overr
 from .data import load_token_data, ngram_references
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
-from .run_dir import has_checkpoint, holds_run, main_decides
+from .run_dir import file_lock, has_checkpoint, holds_run, main_decides
 from .train import USER_ERRORS, report, training_function
 
 
@@ -106,6 +106,20 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
     return states
 
 
+def check_budget(out: Path, budget: str, seeds: int, overwrite: bool) -> None:
+    """Arms added to a comparison use its budget and seeds: budget.json holds every arm's planned steps
+    (for --budget wall, the only record of them), so a different budget would silently replace it."""
+    bfile = out / "budget.json"
+    if overwrite or not bfile.is_file():
+        return
+    now = json.loads(bfile.read_text())
+    held = sorted(str(p.parent.relative_to(out)) for p in out.rglob("config.yaml"))
+    if (now.get("budget"), now.get("seeds")) != (budget, seeds) and held:
+        raise ConfigError(f"{out} holds runs ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) compared with "
+                          f"--budget {now.get('budget')} --seeds {now.get('seeds')}; add arms with the same, "
+                          "or replace the comparison with --overwrite (or choose another --out)")
+
+
 def seed_labels(arms: list[str], seed: int, seeds: int) -> dict[tuple[str, int], str]:
     """(arm, seed) -> the run's folder under --out: `<arm>` for one seed, `<arm>/seed<k>` for several."""
     return {(a, seed + k): a if seeds == 1 else f"{a}/seed{seed + k}" for a in arms for k in range(seeds)}
@@ -176,20 +190,22 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
 
     def decide():
         try:
+            check_budget(out, budget, seeds, overwrite)
             return None, arm_states(out, runs, resume, overwrite)
         except ConfigError as e:
             return str(e), None
     err, states = main_decides(decide)
     if err:
         raise ConfigError(err)
-    if ps.is_main_process:  # merged with what other invocations (e.g. `--arms pld`) stored
+    if ps.is_main_process:  # merged with what other invocations (e.g. `--arms pld`, in parallel) stored
         out.mkdir(parents=True, exist_ok=True)
-        now = json.loads(bfile.read_text()) if bfile.is_file() and not overwrite else {}
-        if (now.get("budget"), now.get("seeds")) == (budget, seeds):
-            for k, p in plan["per_seed"].items():
-                for field in ("steps", "flops_budget"):
-                    p[field] = {**now["per_seed"].get(k, {}).get(field, {}), **p[field]}
-        write_json(bfile, plan)
+        with file_lock(out / ".budget.lock"):
+            now = json.loads(bfile.read_text()) if bfile.is_file() else {}
+            if (now.get("budget"), now.get("seeds")) == (budget, seeds):
+                for k, p in plan["per_seed"].items():
+                    for field in ("steps", "flops_budget"):
+                        p[field] = {**now["per_seed"].get(k, {}).get(field, {}), **p[field]}
+            write_json(bfile, plan)
     results = {}
     for name, cfg in runs.items():
         d, state = out / name, states[name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from .config import ConfigError
@@ -81,6 +82,19 @@ def unlock_run(out: Path) -> None:
         out.rmdir()  # only succeeds when empty
     except OSError:
         pass
+
+
+@contextmanager
+def file_lock(path: Path):
+    """Hold an OS lock on `path` (created if missing) for a read-modify-write that several processes
+    share, e.g. the budget.json of `compare --arms X` runs started in parallel."""
+    import fcntl
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_out(out: Path, resume: bool, overwrite: bool) -> None:

@@ -180,3 +180,19 @@ def test_ngram_references_match_a_direct_count(tiny_data_dir):
     small = ngram_references(d, chunk=997)        # chunk boundaries count every pair once
     assert small["bigram"] == pytest.approx(ref["bigram"], rel=1e-12)
     assert small["unigram"] == pytest.approx(ref["unigram"], rel=1e-12)
+
+
+def test_arms_added_with_another_budget_are_refused(tiny_data_dir, tmp_path, capsys):
+    # before: `--arms baseline --budget steps` after `--arms pld --budget flops` silently replaced budget.json,
+    # losing pld's planned steps; a later --resume then blamed pld's config
+    cfg, out = _yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "pld", "--budget", "flops"]) == 0
+    before = (out / "budget.json").read_text()
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline", "--budget", "steps"]) == 2
+    err = capsys.readouterr().err
+    assert "compared with --budget flops --seeds 1" in err and err.count("\n") == 1
+    assert (out / "budget.json").read_text() == before and not (out / "baseline").exists()
+    # the same budget adds the arm and keeps pld's entry
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline", "--budget", "flops"]) == 0
+    steps = json.loads((out / "budget.json").read_text())["per_seed"]["0"]["steps"]
+    assert set(steps) == {"baseline", "pld"}
