@@ -5,12 +5,17 @@ gets so that it spends what the baseline spends, with its schedules stretched to
 * flops: an arm's FLOPs over a horizon of n steps are counted from the plans its techniques will draw
   (`planned_flops`, no training). PLD's gates and random-LTD's kept lengths depend only on (seed, step),
   so the count is exact; SBLD's trained profile is replaced by equal sensitivities, which keep the same
-  budget sum_l p_l = theta(t) L and so the same expected FLOPs; a V-cycle's stages are counted in closed
+  budget sum_l p_l = theta(t) L but not the same FLOPs: the trained profile keeps some blocks more than
+  others, and in results/tutorial_flops.json the real runs spent the baseline's FLOPs 1-6% before the
+  planned horizon (sbld 497 of 504 steps, sbld+random_ltd 596-607 of 635-637), so `train.flops_budget`
+  stopped them with their cosine LR slightly above its floor. A V-cycle's stages are counted in closed
   form. The arm gets the fewest steps whose plan reaches the baseline's FLOPs, and `train.flops_budget`
   stops it once it has spent them.
 * wall: the arm's and the baseline's step times are measured in interleaved rounds (the paired timing of
   `benchmarks/`), at steps spread over each schedule; the arm gets baseline steps x (baseline step time /
-  arm step time), with the median ratio of the rounds. One noisy run decides nothing.
+  arm step time), with the median ratio of the rounds. One noisy run decides nothing. SBLD's one-off
+  profiling is not in the timed steps (a stand-in profile is used): one profile of the tutorial model took
+  1.0 s, about 13 baseline steps, so a wall budget gives SBLD arms a few percent too many steps.
 """
 from __future__ import annotations
 
