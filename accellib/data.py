@@ -221,7 +221,7 @@ def ngram_references(data: TokenData, seq_len: int = 0, n_windows: int = 0, max_
     a unigram and a bigram table counted on the train split with add-one smoothing. Scored on the
     validation windows the trainer evaluates (`eval_windows(val, seq_len, n_windows)`, every target
     after its input token), or on the whole split when n_windows is 0. The bigram table is V x V, so
-    it is left out above `max_vocab` ids (a 50k-id BPE vocabulary would need 10 GB)."""
+    it is left out above `max_vocab` ids (a 50k-id BPE vocabulary would need a 20 GB float64 table, and as much again while counting)."""
     V, tr = data.vocab_size, data.train
     uni = np.zeros(V)
     bi = np.zeros(V * V) if V <= max_vocab else None

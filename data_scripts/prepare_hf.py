@@ -16,6 +16,7 @@ described in tokenize_corpus.py; re-running is a no-op while the output verifies
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -187,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python data_scripts/prepare_hf.py --dataset {args.dataset} --tokenizer {args.tokenizer}"
     cmd += f" --vocab-size {args.vocab_size}" if args.tokenizer == "bpe" else ""
     if args.dataset == "text":
-        cmd += f" --train-files {' '.join(args.train_files)} --val-files {' '.join(args.val_files)}"
-    cmd += f" --out {out}" if out.resolve() != default_out.resolve() else ""
+        cmd += (f" --train-files {' '.join(map(shlex.quote, args.train_files))}"
+                f" --val-files {' '.join(map(shlex.quote, args.val_files))}")
+    cmd += f" --out {shlex.quote(str(out))}" if out.resolve() != default_out.resolve() else ""
     requested = args.vocab_size if args.tokenizer == "bpe" else None
     if err := prepare_target(out):  # before any download: tidy up, never replace a folder of other files
         print(err, file=sys.stderr)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokenizer == "bpe":
         cmd += f" --tokenizer bpe --vocab-size {args.vocab_size}"
     if out.resolve() != (ROOT / "data" / default_name).resolve():
-        cmd += f" --out {out}"
+        cmd += f" --out {shlex.quote(str(out))}"
     expect = {"source": SOURCE, "tokenizer": args.tokenizer, "val_fraction": 0.1,
               "requested_vocab_size": args.vocab_size if args.tokenizer == "bpe" else None}
     if err := prepare_target(out):  # before any download: tidy up, never replace a folder of other files

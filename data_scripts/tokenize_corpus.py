@@ -9,7 +9,7 @@ On disk, a token dataset is one folder:
 
 A rebuild never leaves a mix of old and new files, even when the process is killed: the complete
 new dataset is staged in a hidden sibling folder, <parent>/.<name>.tmp-<pid>-<rand>, and then swapped
-with the old folder in one step (see `_swap_in`). What a killed writer leaves behind is tidied up by
+with the old folder in one step (see `atomic_folder.swap_in`). What a killed writer leaves behind is tidied up by
 `recover`, which both prepare scripts run first (data_scripts/atomic_folder.py).
 
 Tokenizers:

@@ -90,6 +90,27 @@ def crash_and_resume(cfg_factory, kw: dict, tmp_path, monkeypatch, crash_after: 
             read_record(tmp_path / "full"), read_record(tmp_path / "part"))
 
 
+def kill9_after(argv: list[str], run, lines: int, cwd, timeout_s: float = 120) -> int:
+    """Start `python -m accellib.train ARGV` (argv includes --out run), SIGKILL it once its metrics.jsonl has
+    `lines` lines, and return how many lines it had written when it died."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-m", "accellib.train", *argv], env=env, cwd=cwd,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, deadline = Path(run) / "metrics.jsonl", time.monotonic() + timeout_s
+    while not (metrics.exists() and metrics.read_text().count("\n") >= lines):
+        assert time.monotonic() < deadline and p.poll() is None, "the run ended or hung before it was killed"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    return len(metrics.read_text().splitlines())
+
+
 def train_run(data_dir, out, extra: dict, crash_after=None, resume: bool = False):
     """Train the tiny config (+ `extra`) into `out` through the CLI's training_function; usable as the
     function of accellib.launch.launch_processes (one call per process). `crash_after`: raise after that

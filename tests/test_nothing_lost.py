@@ -1,7 +1,6 @@
 """Failure paths keep the last good state (issue 9, part 2). Each test failed before its fix."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from accellib.launch import launch_processes
 from accellib.records import read_metrics
 from accellib.train import main, training_function
 from accellib.trainer import Trainer
-from conftest import crash_and_resume, tiny_overrides
+from conftest import crash_and_resume, kill9_after, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,14 +177,7 @@ def test_after_kill9_there_is_a_way_forward(tiny_data_dir, tmp_path):
     argv = ["--out", str(run)] + tiny_overrides(tiny_data_dir, **{"train.steps": 10**6, "train.checkpoint_every": 0,
                                                                   "train.eval_every": 0})
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, "-m", "accellib.train"] + argv, env=env, cwd=tmp_path,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
-        assert time.monotonic() < deadline and p.poll() is None
-        time.sleep(0.1)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    kill9_after(argv, run, 3, tmp_path)
     res = subprocess.run([sys.executable, "-m", "accellib.train", "--resume", str(run)], env=env, cwd=tmp_path,
                          capture_output=True, text=True)
     assert res.returncode == 2 and "--overwrite" in res.stderr and "Traceback" not in res.stderr, res.stderr

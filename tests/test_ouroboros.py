@@ -2,10 +2,8 @@
 real gloo processes against the single-process reference, and exact resume of the stale gradients."""
 import copy
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from accellib.launch import launch_processes
 from accellib.parallel.ouroboros import default_split, delays, placement
 from accellib.records import read_metrics
 from accellib.trainer import Trainer
-from conftest import crash_and_resume, tiny_overrides, train_run as _train
+from conftest import crash_and_resume, kill9_after, tiny_overrides, train_run as _train
 
 ROOT = Path(__file__).resolve().parents[1]
 STRIP = ("wall", "tok_per_s")
@@ -193,15 +191,7 @@ def test_kill9_then_resume_is_bitwise(tiny_data_dir, tmp_path):
     _train(tiny_data_dir, tmp_path / "full", kw)
     run = tmp_path / "part"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "accellib.train", "--out", str(run)] + tiny_overrides(tiny_data_dir, **kw)
-    p = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 7):
-        assert time.monotonic() < deadline and p.poll() is None
-        time.sleep(0.05)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    killed_at = len((run / "metrics.jsonl").read_text().splitlines())
+    killed_at = kill9_after(["--out", str(run)] + tiny_overrides(tiny_data_dir, **kw), run, 7, tmp_path)
     res = subprocess.run([sys.executable, "-m", "accellib.train", "--resume", str(run)], env=env, cwd=tmp_path,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
