@@ -186,11 +186,8 @@ class Ouroboros(Engine):
                     self._backward(i, self.pending[i].popleft(), self.err.pop(i))
             else:   # module K: the loss of batch t, backpropagated at once
                 ls = [lm_loss(out, y) for out, (_, y) in zip(e.outs, batches)]
-                for l in ls:
-                    (l / M).backward()
-                if i > 0:
-                    self._send(ERR, i - 1, [x.grad for x in e.ins])
-                self._apply(i, e)
+                e.outs = [l / M for l in ls]
+                self._backward(i, e, [None] * M)
                 losses = torch.stack([l.detach().float() for l in ls])
         for i in reversed(self.local):
             if i == K - 1:
