@@ -1,0 +1,86 @@
+"""Sequential accumulation in a narrow floating-point format, naive or chunk-based.
+
+Chunk-based accumulation (Wang et al., NeurIPS 2018, §3 "chunk-based accumulation"): the n terms
+of a dot product are split into ceil(n / CL) chunks of CL consecutive terms; each chunk is summed
+sequentially in the accumulator format, rounding after every add; then the chunk sums are summed
+sequentially, in the same format or a wider second accumulator (`outer`). Every partial sum stays
+short, so a small addend is not "swamped" (rounded away) by a large running sum.
+
+    s = accumulate(terms, E6M9)              # naive: s_i = Q(s_{i-1} + t_i), along dim 0
+    s = accumulate(terms, E6M9, chunk=64)    # chunks of 64, then the 64-sums
+    c = matmul(a, b, E6M9, chunk=64)         # a @ b with that accumulation along K
+
+chunk = 0 or chunk >= n is the naive sum, and so is chunk = 1 for terms already in the format
+(each chunk is then Q(0 + t) = t). The loops run over the accumulation index only, CL + n/CL
+Python steps; every step is one vectorised add-and-round over all sums at once (all chunks,
+all output elements). The running sums start at exact zero, and a padded zero term changes nothing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+from .formats import Format, parse_format, quantize
+
+
+def _chunked(term: Callable[[int], torch.Tensor], n: int, chunk: int, fmt: Format, outer: Format,
+             rounding: str, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """term(j) -> (C, *out) tensor: term j of every chunk (zeros past n). Returns (*out)."""
+    cl = n if chunk <= 0 or chunk >= n else chunk
+    s = None
+    for j in range(cl):
+        t = term(j)
+        s = quantize(t if s is None else s + t, fmt, rounding, generator)
+    total = s[0] if outer == fmt else quantize(s[0], outer, rounding, generator)
+    for c in range(1, s.shape[0]):
+        total = quantize(total + s[c], outer, rounding, generator)
+    return total
+
+
+def _check(n: int, chunk: int) -> None:
+    if n < 1:
+        raise ValueError("nothing to accumulate: the accumulation length is 0")
+    if chunk < 0:
+        raise ValueError(f"chunk={chunk}: use 0 (naive) or a positive chunk length")
+
+
+def accumulate(terms: torch.Tensor, fmt: Format | str, chunk: int = 0, rounding: str = "nearest",
+               generator: Optional[torch.Generator] = None, outer: Format | str | None = None) -> torch.Tensor:
+    """Sum float32 `terms` along dim 0, rounding every partial sum to `fmt`; shape (n, *batch) -> (*batch)."""
+    fmt = parse_format(fmt)
+    outer = fmt if outer is None else parse_format(outer)
+    n = terms.shape[0]
+    _check(n, chunk)
+    cl = n if chunk <= 0 or chunk >= n else chunk
+    n_chunks = math.ceil(n / cl)
+    padded = torch.cat([terms, terms.new_zeros((n_chunks * cl - n, *terms.shape[1:]))]) if n % cl else terms
+    grouped = padded.reshape(n_chunks, cl, *terms.shape[1:])
+    return _chunked(lambda j: grouped[:, j], n, chunk, fmt, outer, rounding, generator)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, fmt: Format | str, chunk: int = 0, rounding: str = "nearest",
+           generator: Optional[torch.Generator] = None, outer: Format | str | None = None,
+           max_elems: int = 1 << 22) -> torch.Tensor:
+    """a (M, K) @ b (K, N) in float32: every product a_mk * b_kn is formed in float32 (exact for
+    operands of up to 12 significant bits, e.g. FP8 or bfloat16) and the K products of each output
+    are accumulated in `fmt` as in `accumulate`. Rows of `a` are processed in tiles of at most
+    `max_elems` running sums."""
+    fmt = parse_format(fmt)
+    outer = fmt if outer is None else parse_format(outer)
+    (M, K), N = a.shape, b.shape[1]
+    _check(K, chunk)
+    cl = K if chunk <= 0 or chunk >= K else chunk
+    n_chunks = math.ceil(K / cl)
+    pad = n_chunks * cl - K
+    at = torch.cat([a.t(), a.new_zeros(pad, M)]) if pad else a.t()      # (K', M)
+    bp = torch.cat([b, b.new_zeros(pad, N)]) if pad else b              # (K', N)
+    at, bp = at.reshape(n_chunks, cl, M), bp.reshape(n_chunks, cl, N)
+    rows = max(1, max_elems // max(1, n_chunks * N))
+    out = []
+    for r0 in range(0, M, rows):
+        ar = at[:, :, r0:r0 + rows].contiguous()
+        out.append(_chunked(lambda j: ar[:, j, :, None] * bp[:, j, None, :], K, chunk, fmt, outer,
+                            rounding, generator))
+    return torch.cat(out) if len(out) > 1 else out[0]
