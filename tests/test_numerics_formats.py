@@ -182,9 +182,9 @@ def test_nearest_is_monotone(fmt):
 
 def neighbours(x: torch.Tensor, fmt: Format):
     """The grid points below and above x (overflow/saturation applied to them as to any value)."""
-    q = quantum(x, fmt)
-    lo = torch.floor(x / q) * q
-    return quantize(lo, fmt), quantize(lo + q, fmt)
+    q = quantum(x, fmt).double()  # float64: next to float32's max, lo + q must not start from -inf
+    lo = torch.floor(x.double() / q) * q
+    return quantize(lo.float(), fmt), quantize((lo + q).float(), fmt)
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
