@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError, opt
-from ..data import generator_for
+from ..data import seed_for
 from ..numerics.formats import parse_format, quantize
 from ..numerics.linear import LowpGemms, convert
 from . import register
@@ -92,9 +92,15 @@ class LowPrecision(Technique):
         self.converted: list[str] = []
         self._before: list[torch.Tensor] = []
         self.frozen = 0.0
+        self.device = torch.device("cpu")
+
+    def _generator(self, step: int, stream: int) -> torch.Generator:
+        """The draws of one step's stochastic rounding, on the device the tensors live on."""
+        return torch.Generator(self.device).manual_seed(seed_for(self.run_cfg.train.seed, step, stream))
 
     def setup(self, trainer) -> None:
         model = trainer.raw_model
+        self.device = trainer.accelerator.device
         linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         keep = (linears[0], linears[-1]) if self.cfg.keep_first_last and linears else ()
         self.kept = list(dict.fromkeys(keep))
@@ -109,19 +115,17 @@ class LowPrecision(Technique):
             for p in mods[n].parameters(recurse=False):
                 seen.setdefault(id(p), p)
         self.params = list(seen.values())
-        self._round(trainer, torch.Generator().manual_seed(0), "nearest")  # the stored weights start in format
+        self._round(trainer, None, "nearest")  # the stored weights start in the format
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
         if micro_step == 0 and self.params:
-            seed = self.run_cfg.train.seed
-            self.gemms.generator = generator_for(seed, step, ACC_STREAM)
+            self.gemms.generator = self._generator(step, ACC_STREAM)
             self._before = [p.detach().clone() for p in self.params]
 
     def step_end(self, trainer) -> None:
         if not self.params:
             return
-        g = generator_for(self.run_cfg.train.seed, trainer.state.step, UPDATE_STREAM)
-        self._round(trainer, g, self.cfg.update)
+        self._round(trainer, self._generator(trainer.state.step, UPDATE_STREAM), self.cfg.update)
         if self._before:
             same = sum(int((p == b).sum()) for p, b in zip(self.params, self._before))
             self.frozen = same / sum(p.numel() for p in self.params)
