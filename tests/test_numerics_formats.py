@@ -471,3 +471,28 @@ def test_matmul_fp32_is_close_to_torch():
     bound = a.double().abs() @ b.double().abs()
     assert torch.all((got - want).abs() <= 1e-5 * bound)
     assert ((got - (a @ b).double()).norm() / (a @ b).double().norm()).item() < 1e-5
+
+
+def _round_float64(x: torch.Tensor, man: int) -> torch.Tensor:
+    """Round-to-nearest-even of float64 values to man+1 significant bits (no range limits)."""
+    m, e = torch.frexp(x)                                  # m in [0.5, 1)
+    return torch.ldexp(torch.round(m * 2.0 ** (man + 1)), e - (man + 1))
+
+
+def test_float32_add_then_round_is_the_exactly_rounded_sum_for_narrow_addends():
+    """The accumulator computes s + t in float32 and then rounds to (1,6,9). For addends of at most 11
+    significant bits this equals rounding the exact sum once (double rounding is innocuous when the first
+    precision is >= 2p + 2 bits: 24 >= 2 * 10 + 2; Figueroa 1995): a (1,6,9) running sum plus a product of
+    two FP8 (1,5,2) numbers, which has at most 6 significant bits."""
+    g = gen(21)
+    n = 200_000
+    s = quantize(torch.randn(n, generator=g) * torch.ldexp(torch.ones(n), torch.randint(-12, 12, (n,), generator=g)), E6M9)
+    a = quantize(torch.randn(n, generator=g) * torch.ldexp(torch.ones(n), torch.randint(-6, 6, (n,), generator=g)), E5M2)
+    b = quantize(torch.randn(n, generator=g) * torch.ldexp(torch.ones(n), torch.randint(-6, 6, (n,), generator=g)), E5M2)
+    t = a * b
+    exact = s.double() + t.double()            # exact: the exponent gap here is < 53 - 10 bits
+    want = _round_float64(exact, E6M9.man)
+    got = quantize(s + t, E6M9)
+    assert torch.equal(got.double(), want)
+    ties = (exact / torch.ldexp(torch.ones(n, dtype=torch.float64), torch.frexp(exact)[1] - 11)).frac().abs() == 0.5
+    assert ties.sum() > 100                    # the draws include exact ties, where a double rounding would show

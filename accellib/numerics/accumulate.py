@@ -14,6 +14,14 @@ chunk = 0 or chunk >= n is the naive sum, and so is chunk = 1 for terms already 
 (each chunk is then Q(0 + t) = t). The loops run over the accumulation index only, CL + n/CL
 Python steps; every step is one vectorised add-and-round over all sums at once (all chunks,
 all output elements). The running sums start at exact zero, and a padded zero term changes nothing.
+
+Exactness: each add is computed in float32 and then rounded to the format. That equals rounding the
+exact sum once whenever both addends have at most 11 significant bits (a first rounding to 24 >= 2p + 2
+bits cannot create a false tie; Figueroa, "When is double rounding innocuous?", 1995): so a (1,6,9)
+running sum plus a product of two FP8 numbers (at most 8 significant bits) is emulated exactly
+(tests/test_numerics_formats.py). With full-width float32 addends a false tie is possible: 2 sums in
+200,000 differ by one unit there. Stochastic rounding sees the float32 sum, so bits of an addend more
+than 18 binades below the running sum are lost before the draw (a bias below 2^-14 of a quantum).
 """
 from __future__ import annotations
 
