@@ -87,7 +87,9 @@ def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, e
         print(f"  {arm} done", flush=True)
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, arms))
-    r = subprocess.run(base + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    # the table over exactly these arms (a YAML may hold arms another experiment trains)
+    r = subprocess.run(base + ["--arms", ",".join(arms), "--resume"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, check=True)
     print("\n".join(ln for ln in r.stdout.splitlines() if "finished before" not in ln))
     summary = json.loads((out / "summary.json").read_text())
     curves = {}
