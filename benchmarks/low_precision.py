@@ -120,6 +120,8 @@ def main() -> int:
     rec = dict(name="low_precision_cpu", command="python benchmarks/low_precision.py --jobs 2",
                config=yaml.safe_load(CONFIG.read_text()), seeds=seeds, jobs=args.jobs,
                wall_seconds=round(time.perf_counter() - t0, 1), environment=environment(),
+               # runs kept from an earlier call (compare --resume) are not in wall_seconds: their own training time
+               runs_train_seconds=round(sum(c[-1]["wall"] for r in (train, sw) for c in r["curves"].values()), 1),
                linear_overhead=lin, step_overhead=step, training=train, gaps=gaps(train["summary"], seeds),
                sweep=sw, vrr_prediction={f"chunk{c}": predict_table(base.model, base.train.batch_size, c)
                                          for c in (0, 32, 64)})
@@ -127,7 +129,8 @@ def main() -> int:
         print(f"   {k:<22} {v['mean']:+.4f} +- {v['sd']:.4f}  per seed {[round(x, 4) for x in v['per_seed']]}")
     out = runs / "low_precision_cpu.json" if args.quick else ROOT / "results" / "low_precision_cpu.json"
     write_json(out, rec)
-    print(f"wrote {out.relative_to(ROOT)} ({rec['wall_seconds']:.0f} s)")
+    print(f"wrote {out.relative_to(ROOT)} ({rec['wall_seconds']:.0f} s; the runs trained for "
+          f"{rec['runs_train_seconds']:.0f} s in all, excluding evaluation)")
     return 0
 
 
