@@ -33,25 +33,32 @@ import torch
 from .formats import Format, parse_format, quantize
 
 
-def _chunked(term: Callable[[int], torch.Tensor], n: int, chunk: int, fmt: Format, outer: Format,
-             rounding: str, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """term(j) -> (C, *out) tensor: term j of every chunk (zeros past n). Returns (*out)."""
-    cl = n if chunk <= 0 or chunk >= n else chunk
-    s = None
-    for j in range(cl):
-        t = term(j)
-        s = quantize(t if s is None else s + t, fmt, rounding, generator)
-    total = s[0] if outer == fmt else quantize(s[0], outer, rounding, generator)
-    for c in range(1, s.shape[0]):
-        total = quantize(total + s[c], outer, rounding, generator)
-    return total
-
-
-def _check(n: int, chunk: int) -> None:
+def _chunk_length(n: int, chunk: int) -> int:
     if n < 1:
         raise ValueError("nothing to accumulate: the accumulation length is 0")
     if chunk < 0:
         raise ValueError(f"chunk={chunk}: use 0 (naive) or a positive chunk length")
+    return n if chunk == 0 or chunk >= n else chunk
+
+
+def _grouped(x: torch.Tensor, cl: int) -> torch.Tensor:
+    """(n, *rest) -> (ceil(n / cl), cl, *rest), the last chunk padded with zero terms."""
+    pad = -x.shape[0] % cl
+    if pad:
+        x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+    return x.reshape(-1, cl, *x.shape[1:])
+
+
+def _chunked(term: Callable[[int], torch.Tensor], cl: int, fmt: Format, outer: Format,
+             rounding: str, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """term(j) -> (C, *out): term j of every chunk. Sums each chunk, then the C chunk sums; returns (*out)."""
+    s = quantize(term(0), fmt, rounding, generator)
+    for j in range(1, cl):
+        s = quantize(s + term(j), fmt, rounding, generator)
+    total = s[0] if outer == fmt else quantize(s[0], outer, rounding, generator)
+    for c in range(1, s.shape[0]):
+        total = quantize(total + s[c], outer, rounding, generator)
+    return total
 
 
 def accumulate(terms: torch.Tensor, fmt: Format | str, chunk: int = 0, rounding: str = "nearest",
@@ -59,13 +66,9 @@ def accumulate(terms: torch.Tensor, fmt: Format | str, chunk: int = 0, rounding:
     """Sum float32 `terms` along dim 0, rounding every partial sum to `fmt`; shape (n, *batch) -> (*batch)."""
     fmt = parse_format(fmt)
     outer = fmt if outer is None else parse_format(outer)
-    n = terms.shape[0]
-    _check(n, chunk)
-    cl = n if chunk <= 0 or chunk >= n else chunk
-    n_chunks = math.ceil(n / cl)
-    padded = torch.cat([terms, terms.new_zeros((n_chunks * cl - n, *terms.shape[1:]))]) if n % cl else terms
-    grouped = padded.reshape(n_chunks, cl, *terms.shape[1:])
-    return _chunked(lambda j: grouped[:, j], n, chunk, fmt, outer, rounding, generator)
+    cl = _chunk_length(terms.shape[0], chunk)
+    grouped = _grouped(terms, cl)
+    return _chunked(lambda j: grouped[:, j], cl, fmt, outer, rounding, generator)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, fmt: Format | str, chunk: int = 0, rounding: str = "nearest",
@@ -78,17 +81,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, fmt: Format | str, chunk: int = 0, 
     fmt = parse_format(fmt)
     outer = fmt if outer is None else parse_format(outer)
     (M, K), N = a.shape, b.shape[1]
-    _check(K, chunk)
-    cl = K if chunk <= 0 or chunk >= K else chunk
-    n_chunks = math.ceil(K / cl)
-    pad = n_chunks * cl - K
-    at = torch.cat([a.t(), a.new_zeros(pad, M)]) if pad else a.t()      # (K', M)
-    bp = torch.cat([b, b.new_zeros(pad, N)]) if pad else b              # (K', N)
-    at, bp = at.reshape(n_chunks, cl, M), bp.reshape(n_chunks, cl, N)
-    rows = max(1, max_elems // max(1, n_chunks * N))
+    cl = _chunk_length(K, chunk)
+    at, bp = _grouped(a.t(), cl), _grouped(b, cl)                      # (C, cl, M), (C, cl, N)
+    rows = max(1, max_elems // (at.shape[0] * N))
     out = []
     for r0 in range(0, M, rows):
         ar = at[:, :, r0:r0 + rows].contiguous()
-        out.append(_chunked(lambda j: ar[:, j, :, None] * bp[:, j, None, :], K, chunk, fmt, outer,
-                            rounding, generator))
+        out.append(_chunked(lambda j: ar[:, j, :, None] * bp[:, j, None, :], cl, fmt, outer, rounding, generator))
     return torch.cat(out) if len(out) > 1 else out[0]
