@@ -1,6 +1,6 @@
 """Sequential accumulation in a narrow floating-point format, naive or chunk-based.
 
-Chunk-based accumulation (Wang et al., NeurIPS 2018, §3 "chunk-based accumulation"): the n terms
+Chunk-based accumulation (Wang et al., NeurIPS 2018, arXiv 1812.08011; named in its abstract): the n terms
 of a dot product are split into ceil(n / CL) chunks of CL consecutive terms; each chunk is summed
 sequentially in the accumulator format, rounding after every add; then the chunk sums are summed
 sequentially, in the same format or a wider second accumulator (`outer`). Every partial sum stays

@@ -7,19 +7,20 @@ A value is rounded to the grid of its binade in the target format: the quantum i
 2^(max(E, e_min) - man), where E = floor(log2|x|) and e_min = 1 - bias is the smallest normal
 exponent, so subnormals share the quantum 2^(e_min - man) (gradual underflow). Past the largest
 finite value the format either overflows to +-inf (IEEE: float16, bfloat16, float8_e5m2) or
-saturates at +-max (float8_e4m3fn, and the (1,6,9) accumulator of Wang et al. 2018 §3). NaN stays NaN.
+saturates at +-max (float8_e4m3fn; and our choice for (1,6,9) and any eXmY, since Wang et al.'s
+overflow behaviour was not retrieved). NaN stays NaN.
 
 Where torch has the format, `quantize` is bit-exact against torch's cast of float32 inputs
 (tests/test_numerics_formats.py): `E5M10` = torch.float16, `E8M7` = torch.bfloat16,
 `E5M2` = torch.float8_e5m2, `E4M3` = torch.float8_e4m3fn (no infinity; the top exponent holds
 normal numbers up to 448, and torch 2.13 saturates out-of-range values and infinities there).
 
-Stochastic rounding (Wang et al. 2018 §4; Gupta et al. 2015) rounds x up to the next grid point
+Stochastic rounding (Wang et al. 2018, abstract; Gupta et al. 2015) rounds x up to the next grid point
 with probability equal to its distance from the lower one, in quanta: E[SR(x)] = x. In the normal
 range the draw is an integer over the dropped bits, so the probability is exact; in the target's
 subnormal range it is a float64 uniform, exact for residuals that are multiples of 2^-53 quanta.
 
-Rounding works on float32's bit pattern (about 2 ns per element on one core, 6x faster than
+Rounding works on float32's bit pattern (about 5 ns per element on one core, 2.5x faster than
 frexp/ldexp); the subnormal range of the target goes through a fixed-grid path.
 """
 from __future__ import annotations

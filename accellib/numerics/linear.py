@@ -1,8 +1,9 @@
 """An emulated low-precision Linear layer: FP8 operands, narrow chunk-based accumulation.
 
-Wang et al. (NeurIPS 2018, §3-4) train with every GEMM operand (weights, activations, errors) in FP8
+Wang et al. (NeurIPS 2018, arXiv 1812.08011) train with every GEMM operand (weights, activations, errors) in FP8
 (1,5,2) and every GEMM accumulated in FP16 (1,6,9) with chunk-based accumulation. A Linear layer runs
-three GEMMs, each with its own accumulation length K (Sakr et al., ICLR 2019, §3):
+three GEMMs, each with its own accumulation length K (Sakr et al., ICLR 2019, arXiv 1901.06588; the
+lengths below are ours for a transformer):
 
     forward          y  = x W^T         K = d_in
     input gradient   gx = g W           K = d_out

@@ -1,6 +1,8 @@
 """Low-precision training numerics: FP8 GEMM operands, chunk-based narrow accumulation, and a
 stochastically rounded 16-bit weight update with no fp32 master copy. Wang et al., "Training Deep
-Neural Networks with 8-bit Floating Point Numbers", NeurIPS 2018 (arXiv 1812.08011), §3-4.
+Neural Networks with 8-bit Floating Point Numbers", NeurIPS 2018 (arXiv 1812.08011). Only the
+abstract was retrieved: the kept first/last layers, loss scaling and chunk length 64 are as commonly
+reported, not checked against the paper.
 
     python -m accellib.train --config configs/tutorial.yaml --out runs/fp8 --lowp.enabled=true --lowp.chunk=64
 
@@ -51,7 +53,7 @@ class LowpConfig:
     chunk_wgrad: int = opt(-1, "CL of the weight-gradient GEMM (K = tokens per micro-batch); -1 = chunk", min=-1)
     outer: str = opt("", "format of the second accumulator that sums the chunk sums; '' = acc")
     acc_rounding: str = opt("nearest", "rounding after every accumulator add", choices=["nearest", "stochastic"])
-    keep_first_last: bool = opt(True, "keep the first and the last Linear layer at fp32 (paper §4)")
+    keep_first_last: bool = opt(True, "keep the first and the last Linear layer at fp32 (as the paper is reported to)")
     loss_scale: float = opt(1024.0, "power of two the errors are multiplied by before FP8 rounding (loss "
                             "scaling); 1 = none", min=1.0)
     weights: str = opt("e6m9", "storage format of the emulated layers' weights and AdamW moments (paper: "
