@@ -131,17 +131,32 @@ def test_resume_is_bitwise_with_stochastic_rounding(tiny_cfg, tmp_path, monkeypa
     assert "lowp_frozen" in full[-1]
 
 
+def _train_and_gather_weights(data_dir, out, extra):
+    """One process of a data-parallel lowp run: train, then save every process's weights (rank 0 writes)."""
+    from accelerate.state import AcceleratorState
+    t = Trainer(load_config(None, tiny_overrides(data_dir, **extra)), out)
+    t.fit()
+    flat = torch.cat([p.detach().flatten() for p in t.raw_model.parameters()])
+    gathered = t.accelerator.gather(flat[None])           # (world, n)
+    if t.is_main:
+        torch.save(gathered, out / "replicas.pt")
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_two_processes_keep_identical_replicas(tiny_data_dir, tmp_path):
-    """Data parallel: every process rounds its replica with the same draws, so they never diverge, and
-    the run equals one process with two micro-batches up to the order of the gradient sum."""
+    """Data parallel: every process rounds its replica (weights, accumulator) with the same draws, so the
+    replicas stay bitwise identical, and the run equals one process with two micro-batches up to the
+    order of the gradient sum."""
     extra = {**LOWP, "train.steps": 3, "lowp.acc_rounding": "stochastic"}
-    launch_processes(train_run, (tiny_data_dir, tmp_path / "mp", extra), 2, timeout_s=240, start_method="spawn")
+    launch_processes(_train_and_gather_weights, (tiny_data_dir, tmp_path / "mp", extra), 2, timeout_s=240,
+                     start_method="spawn")
+    replicas = torch.load(tmp_path / "mp" / "replicas.pt")
+    assert replicas.shape[0] == 2 and torch.equal(replicas[0], replicas[1])
     train_run(tiny_data_dir, tmp_path / "ref", {**extra, "train.grad_accum": 2})
     mp, ref = read_metrics(tmp_path / "mp"), read_metrics(tmp_path / "ref")
     assert [r["step"] for r in mp] == [1, 2, 3]
     for a, b in zip(mp, ref):
         assert abs(a["train_loss"] - b["train_loss"]) < 0.02
-    # the saved model is rank 0's; both ranks evaluated the same replica (the val loss is their mean)
     assert abs(mp[-1]["val_loss"] - ref[-1]["val_loss"]) < 0.02
 
 
