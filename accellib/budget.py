@@ -22,7 +22,6 @@ from __future__ import annotations
 import statistics
 import time
 
-from . import flops as F
 from .config import ConfigError, RunConfig, with_horizon
 from .model import Plan
 
@@ -39,20 +38,21 @@ def planned_flops(cfg: RunConfig) -> float:
     if _vcycle(cfg):
         from .techniques.vcycle import plan_stages, stage_flops
         return float(sum(stage_flops(cfg, plan_stages(cfg))))
+    from .tasks import make_task
     from .techniques import build_techniques
     from .trainer import TrainState
     techs = build_techniques(cfg)
     for tech in techs:
         tech.preview()
-    m, t = cfg.model, cfg.train
+    task, t = make_task(cfg), cfg.train
     st = TrainState()
     while st.step < t.steps and not any(x.should_stop(st) for x in techs):
         for micro in range(t.grad_accum):
-            p = Plan.full(m.n_layer)
+            p = Plan.full(task.n_blocks)
             for tech in techs:
                 tech.update_plan(p, st.step, micro)
-            st.flops += F.train_step_flops(m, t.batch_size, m.seq_len, p)
-            st.layer_tokens += F.layer_tokens(p, m.n_layer, t.batch_size, m.seq_len)
+            st.flops += task.micro_flops(p)
+            st.layer_tokens += task.micro_layer_tokens(p)
         st.step += 1
     return st.flops
 

@@ -22,7 +22,7 @@ import yaml
 
 from .budget import BUDGETS, resolve
 from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides, read_yaml, with_horizon
-from .data import load_token_data, ngram_references
+from .tasks import make_task
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
 from .run_dir import file_lock, has_checkpoint, holds_run, main_decides
@@ -58,13 +58,14 @@ def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str]
 
 
 def check_data(cfgs: dict[str, RunConfig]) -> None:
-    """Open every arm's data (a DataError before anything is deleted) and fill in vocab_size, so the
-    configs compare equal to the ones stored in the arms' folders."""
-    vocab = {}
+    """Open every arm's data (a DataError before anything is deleted) and fill in the model fields the
+    data decides (vocab_size; a ViT's seq_len), so the configs compare equal to the ones stored in the
+    arms' folders."""
+    opened = {}
     for cfg in cfgs.values():
-        if cfg.data.path not in vocab:
-            vocab[cfg.data.path] = load_token_data(cfg.data.path).vocab_size
-        cfg.model.vocab_size = cfg.model.vocab_size or vocab[cfg.data.path]
+        task = make_task(cfg, opened.get((cfg.data.path, cfg.model.kind)))
+        opened[(cfg.data.path, cfg.model.kind)] = task.data
+        task.configure()
 
 
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
@@ -270,7 +271,7 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
         rows.append(dict(arm=arm, seeds=len(labels), steps=statistics.fmean(results[lb]["step"] for lb in labels),
                          val_loss=loss, val_loss_sd=loss_sd,
                          val_losses=[results[lb]["val_loss"] for lb in labels],
-                         bits_per_byte=statistics.fmean(results[lb]["val_bpb"] for lb in labels),
+                         **_task_metric(results, labels),
                          flops=flops, flops_ratio=flops / bflops, wall_s=wall, wall_sd=wall_sd,
                          wall_ratio=wall / max(bwall, 1e-9),
                          tok_per_s=statistics.fmean(results[lb]["tokens"] / max(results[lb]["wall"], 1e-9) for lb in labels),
@@ -279,17 +280,29 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
     return rows
 
 
+def _task_metric(results: dict, labels: list[str]) -> dict:
+    """The task's second validation metric over an arm's seeds: bits per byte (language) or accuracy
+    (images, mean and sd)."""
+    if "val_acc" in results[labels[0]]:
+        acc, acc_sd = _mean_sd([results[lb]["val_acc"] for lb in labels])
+        return dict(val_acc=acc, val_acc_sd=acc_sd, val_accs=[results[lb]["val_acc"] for lb in labels])
+    return dict(bits_per_byte=statistics.fmean(results[lb]["val_bpb"] for lb in labels))
+
+
 def format_table(rows: list[dict]) -> str:
     """The summary as text; with several seeds, loss and wall are mean ± sd, the time to target a median."""
     sd = any(r["seeds"] > 1 for r in rows)
     pm = lambda v, s, f: f"{v:{f}} ± {s:{f}}" if sd else f"{v:{f}}"
     tt = lambda v: "not reached" if not math.isfinite(v) else f"{v:.2f}"
-    head = (f"{'arm':<16}{'steps':>6}{'val loss':>{17 if sd else 9}}{'bits/byte':>10}{'xFLOPs':>8}"
+    acc = "val_acc" in rows[0]  # an image task: accuracy where a language task shows bits per byte
+    w2 = (17 if sd else 9) if acc else 10
+    second = (lambda r: f"{pm(r['val_acc'], r['val_acc_sd'], '.3f'):>{w2}}") if acc else (lambda r: f"{r['bits_per_byte']:>10.3f}")
+    head = (f"{'arm':<16}{'steps':>6}{'val loss':>{17 if sd else 9}}{'val acc' if acc else 'bits/byte':>{w2}}{'xFLOPs':>8}"
             f"{'wall s':>{15 if sd else 8}}{'xwall':>7}  {'to target: xFLOPs':>18}{'xwall':>12}{'reached':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['arm']:<16}{r['steps']:>6.0f}{pm(r['val_loss'], r['val_loss_sd'], '.3f'):>{17 if sd else 9}}"
-                     f"{r['bits_per_byte']:>10.3f}{r['flops_ratio']:>8.2f}{pm(r['wall_s'], r['wall_sd'], '.1f'):>{15 if sd else 8}}"
+                     f"{second(r)}{r['flops_ratio']:>8.2f}{pm(r['wall_s'], r['wall_sd'], '.1f'):>{15 if sd else 8}}"
                      f"{r['wall_ratio']:>7.2f}  {tt(r['to_target_flops']):>18}{tt(r['to_target_wall']):>12}"
                      f"{str(r['reached']) + '/' + str(r['seeds']):>9}")
     return "\n".join(lines)
@@ -337,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _references(results: dict, out: Path) -> dict:
     cfg = load_config(out / next(iter(results)) / "config.yaml")
-    return ngram_references(load_token_data(cfg.data.path), cfg.model.seq_len, cfg.train.eval_windows)
+    return make_task(cfg).references()
 
 
 if __name__ == "__main__":

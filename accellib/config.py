@@ -43,10 +43,13 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = opt(5e-3, "peak learning rate (AdamW)", min=0.0, max=1.0)
+    name: str = opt("adamw", "adamw, or sgd (the standardization-loss paper's MNIST protocol; momentum below)",
+                    choices=["adamw", "sgd"])
+    momentum: float = opt(0.0, "sgd only: heavy-ball momentum, in [0, 1)", min=0.0, below=1.0)
+    lr: float = opt(5e-3, "peak learning rate", min=0.0, max=1.0)
     min_lr_ratio: float = opt(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
     warmup_steps: int = opt(20, "linear warm-up, in optimizer steps", min=0)
-    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)", min=0.0)
+    weight_decay: float = opt(0.1, "weight decay of matrices and conv kernels (AdamW: decoupled; sgd: L2)", min=0.0)
     beta1: float = opt(0.9, "AdamW beta1, in [0, 1)", min=0.0, below=1.0)
     beta2: float = opt(0.95, "AdamW beta2, in [0, 1)", min=0.0, below=1.0)
     grad_clip: float = opt(1.0, "global grad-norm clip; 0 disables", min=0.0)
@@ -74,13 +77,19 @@ class TrainConfig:
 
 
 MODEL_HELP = dict(
-    kind=dict(help="gpt = causal LM, mlm = masked LM", choices=["gpt", "mlm"]),
+    kind=dict(help="gpt = causal LM, mlm = masked LM; image classifiers (data from data_scripts/prepare_digits.py "
+                   "or prepare_hf_images.py): vit = ViT of the blocks below, cnn / mlp = the MNIST CNN / MLP of "
+                   "Collins et al. 2019 (their sizes are fixed; n_layer, d_model, ... do not apply)",
+              choices=["gpt", "mlm", "vit", "cnn", "mlp"]),
     vocab_size=dict(help="set from the data's meta.json when 0", min=0),
     seq_len=dict(help="context length", min=2), n_layer=dict(help="blocks", min=1),
     n_head=dict(help="attention heads", min=1), d_model=dict(help="width", min=8),
     mlp_ratio=dict(help="FFN hidden / d_model", min=1),
     tie_head=dict(help="tie LM head and token embedding"), bias=dict(help="biases in Linear layers"),
     init_std=dict(help="init std of weights", min=0.0),
+    norm=dict(help="gpt/mlm/vit: layer (pre-LN) or none (no LayerNorm at all); cnn/mlp: none, batch (shift "
+                   "only), layer or group", choices=["layer", "none", "batch", "group"]),
+    patch=dict(help="vit: patch size (seq_len is set to patches + 1 from the data)", min=1),
 )
 
 
@@ -239,6 +248,8 @@ def validate(cfg: RunConfig) -> None:
     m = cfg.model
     if m.d_model % m.n_head:
         raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
+    if m.kind in ("gpt", "mlm", "vit") and m.norm not in ("layer", "none"):
+        raise ConfigError(f"model.norm={m.norm} is for model.kind=cnn or mlp; a transformer takes layer or none")
     if m.vocab_size and m.kind == "mlm" and m.vocab_size < 3:
         raise ConfigError("model.vocab_size must be >= 3 for model.kind=mlm")
     for name, c in cfg.techniques.items():

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 @dataclass
 class ModelConfig:
-    kind: str = "gpt"          # "gpt" (causal LM) or "mlm" (bidirectional masked LM)
+    kind: str = "gpt"          # "gpt" (causal LM), "mlm" (masked LM); image classifiers: "vit", "cnn", "mlp"
     vocab_size: int = 257      # 256 bytes + [MASK]; set from the data's meta.json by the trainer
     seq_len: int = 128         # context length (learned absolute positions)
     n_layer: int = 4
@@ -38,6 +38,9 @@ class ModelConfig:
     tie_head: bool = True      # tie LM head to the token embedding (multi-level needs False)
     bias: bool = True
     init_std: float = 0.02
+    norm: str = "layer"        # transformers: "layer" (pre-LN) or "none" (every LayerNorm removed);
+                               # cnn/mlp: "none", "batch", "layer" or "group" (accellib/vision.py)
+    patch: int = 4             # vit: patch size in pixels (seq_len is then set to patches + 1)
 
     @property
     def head_dim(self) -> int:
@@ -61,6 +64,17 @@ class Plan:
 
     def executed(self) -> int:
         return sum(b.run for b in self.blocks)
+
+
+class PreAct(nn.Identity):
+    """Marks a layer's pre-activation, just before its nonlinearity: where the standardization loss
+    reads its moments (accellib/techniques/standardization_loss.py). An identity: it changes nothing."""
+
+
+def layer_norm(cfg: ModelConfig) -> nn.Module:
+    """The block's normalisation: a LayerNorm, or nothing with norm=none (the standardization-loss
+    transformer variant, which trains without normalisation layers)."""
+    return nn.LayerNorm(cfg.d_model) if cfg.norm == "layer" else nn.Identity()
 
 
 class SelfAttention(nn.Module):
@@ -88,9 +102,10 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.pre_act = PreAct()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x)))
+        return self.c_proj(F.gelu(self.pre_act(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -100,9 +115,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.ln_1 = layer_norm(cfg)
         self.attn = SelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.ln_2 = layer_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -137,24 +152,12 @@ class Transformer(nn.Module):
             wte=nn.Embedding(cfg.vocab_size, cfg.d_model),
             wpe=nn.Embedding(cfg.seq_len, cfg.d_model),
             h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
-            ln_f=nn.LayerNorm(cfg.d_model),
+            ln_f=layer_norm(cfg),
         ))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
-        self.apply(self._init)
-        # GPT-2's scaled init of the residual output projections: std / sqrt(2 L)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, 0.0, cfg.init_std / math.sqrt(2 * cfg.n_layer))
-
-    def _init(self, m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
+        init_weights(self, cfg)
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -184,6 +187,20 @@ class Transformer(nn.Module):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return head(self.transformer.ln_f, self.lm_head, x)
+
+
+def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+    """GPT-2's init: every Linear and Embedding weight ~ N(0, init_std), biases 0, and the residual
+    output projections (c_proj) ~ N(0, init_std / sqrt(2 L)) (Radford et al. 2019, §2.3)."""
+    def init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, cfg.init_std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+    model.apply(init)  # children before parents, as nn.Module.apply visits them
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            nn.init.normal_(p, 0.0, cfg.init_std / math.sqrt(2 * cfg.n_layer))
 
 
 # The three pieces of the model outside the block loop, written once: the model calls them, and so does

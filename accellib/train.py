@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, RunConfig, help_text, load_config, read_yaml
-from .data import DataError, load_token_data
+from .data import DataError
 from .launch import LaunchError, end_accelerate_launcher, process_state
 from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
 from .trainer import Trainer, TrainingError
@@ -36,7 +36,10 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
 
     out = Path(out)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
-    data = load_token_data(cfg.data.path)
+    from .tasks import make_task
+    from .techniques import REGISTRY, check_applicable
+    check_applicable([REGISTRY[n] for n in cfg.enabled()], cfg.model.kind)  # before the V-cycle plans stages
+    data = make_task(cfg).data
     ml = cfg.techniques.get("multilevel")
     vcycle = ml is not None and ml.enabled
     if vcycle:  # the V-cycle drives one trainer per stage itself; planning it validates it
@@ -66,7 +69,7 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
         final = trainer.fit(resume=resume)
         if trainer.is_main:
             write_record(out, cfg.to_dict(), final, trainer.accelerator,
-                         params=trainer.raw_model.num_params())
+                         params=num_params(trainer.raw_model))
             set_style()
             save_fig(plot_val_curves({out.name: read_metrics(out)}, xs=("step", "flops", "wall")), out / "loss.png")
         trainer.accelerator.wait_for_everyone()
@@ -74,6 +77,11 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     finally:
         if process_state(cfg.train.device).is_main_process:
             unlock_run(out)
+
+
+def num_params(model) -> int:
+    """The transformer's count without position embeddings (nanoGPT's convention), else every parameter."""
+    return model.num_params() if hasattr(model, "num_params") else sum(p.numel() for p in model.parameters())
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
@@ -154,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         return report(e)
     from accelerate.state import PartialState
     if PartialState().is_main_process:
-        print(f"final: step {final['step']}  val_loss {final['val_loss']:.4f}  bits/byte {final['val_bpb']:.3f}")
+        second = (f"accuracy {final['val_acc']:.4f}" if "val_acc" in final else f"bits/byte {final['val_bpb']:.3f}")
+        print(f"final: step {final['step']}  val_loss {final['val_loss']:.4f}  {second}")
     return 0
 
 

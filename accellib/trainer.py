@@ -16,7 +16,7 @@ import math
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -24,12 +24,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from . import flops as F
-from .config import ConfigError, RunConfig
-from .data import TokenData, eval_windows, generator_for, load_token_data, mask_tokens, sample_batch
+from .config import RunConfig
 from .launch import make_accelerator
-from .model import Plan, Transformer
+from .model import Plan
 from .schedules import WarmupCosine
+from .tasks import make_task
 
 
 class TrainingError(RuntimeError):
@@ -40,7 +39,7 @@ class TrainingError(RuntimeError):
 class TrainState:
     """Counters every metric and schedule is keyed on; checkpointed with the run."""
     step: int = 0                # optimizer steps done
-    tokens: int = 0              # training tokens consumed, all processes
+    tokens: int = 0              # training tokens (images, for an image task) consumed, all processes
     flops: float = 0.0           # analytic forward+backward FLOPs, all processes
     layer_tokens: int = 0        # sum over blocks of tokens each block processed, all processes
     blocks_run: int = 0          # executed blocks summed over micro-batches
@@ -53,6 +52,7 @@ class TrainState:
     win_tokens: int = 0
     win_wall: float = 0.0
     win_grad_norm: float = 0.0   # largest pre-clip gradient norm in the window (spikes show here first)
+    win_metrics: dict = field(default_factory=dict)  # the task's train metrics summed over the window (e.g. acc)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -73,9 +73,18 @@ def param_groups(params, weight_decay: float) -> list[dict]:
     return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
 
+def make_optimizer(params, o) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay), or plain SGD with optional momentum and L2 weight decay (the
+    standardization-loss paper's MNIST runs: SGD, lr 1e-3, weight decay 4e-5; Collins et al. 2019, App.)."""
+    groups = param_groups(params, o.weight_decay)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2))
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, out_dir: Optional[str | Path] = None, *,
-                 data: Optional[TokenData] = None, model: Optional[torch.nn.Module] = None,
+                 data=None, model: Optional[torch.nn.Module] = None,
                  accelerator=None, data_offset: int = 0):
         self.cfg = cfg
         self.data_offset = data_offset  # step t reads the batches of step t + offset (V-cycle stages)
@@ -83,31 +92,23 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         from .techniques import build_techniques  # lazy: technique modules may import this module
+        self.task = make_task(cfg, data)  # what is trained on (accellib/tasks.py): language or images
+        self.task.configure()             # the model fields the data decides, before techniques read them
         self.techniques = build_techniques(cfg)
         ddp = {}
         for tech in self.techniques:
             ddp.update(tech.ddp_kwargs())
         self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device)
-        self.data = data if data is not None else load_token_data(cfg.data.path)
-        if cfg.model.vocab_size == 0:
-            cfg.model.vocab_size = self.data.vocab_size
-        if cfg.model.vocab_size < self.data.vocab_size:
-            raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
-                              f"{cfg.data.path} ({self.data.vocab_size} ids, meta.json); leave it 0 to take "
-                              "the data's size")
-        if cfg.model.kind == "mlm" and self.data.mask_id is None:
-            raise TrainingError(f"model.kind=mlm needs a [MASK] id in {cfg.data.path}/meta.json; "
-                                "re-run data_scripts/prepare_shakespeare.py --force")
+        self.data = self.task.data
         torch.manual_seed(t.seed)  # same init on every rank
-        model = model if model is not None else Transformer(cfg.model)
+        model = model if model is not None else self.task.build_model()
         # an engine splits the model across processes (accellib/parallel/engine.py): it decides which
         # parameters this process steps; the full model stays here as the replica that is evaluated and saved
         self.engine = next((x for x in self.techniques if getattr(x, "splits_model", False)), None)
         if self.engine is not None:
             self.engine.build(model.to(self.accelerator.device), self.accelerator)
         params = model.parameters() if self.engine is None else self.engine.parameters()
-        self.optimizer = torch.optim.AdamW(param_groups(params, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                           betas=(cfg.optim.beta1, cfg.optim.beta2))
+        self.optimizer = make_optimizer(params, cfg.optim)
         if self.engine is None:
             self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
         else:  # no DDP wrapper: gradients are the engine's business; the optimizer is saved per process
@@ -130,7 +131,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
     @property
-    def raw_model(self) -> Transformer:
+    def raw_model(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.model)
 
     @property
@@ -141,31 +142,32 @@ class Trainer:
         """This rank's micro-batches of optimizer step `step`. Micro-batch m of rank r is global
         micro-batch m * world + r, drawn from (seed, step, that index): so 2 processes x 1
         micro-batch see exactly the data of 1 process x 2 micro-batches."""
-        t, out, (world, rank) = self.cfg.train, [], self.dp
-        for m in range(t.grad_accum):
-            g = generator_for(t.seed, step + self.data_offset, m * world + rank)
-            x, y = sample_batch(self.data.train, t.batch_size, self.cfg.model.seq_len, g)
-            if self.cfg.model.kind == "mlm":
-                x, y = mask_tokens(x, self.data.mask_id, self.cfg.model.vocab_size, g, self.cfg.data.mlm_prob)
+        out, (world, rank) = [], self.dp
+        for m in range(self.cfg.train.grad_accum):
+            x, y = self.task.batch(step + self.data_offset, m * world + rank)
             out.append((x.to(self.accelerator.device), y.to(self.accelerator.device)))
         return out
 
     def plan(self, step: int, micro_step: int) -> Plan:
         """The plan of one micro-batch: the full model, then each technique fills its part.
         Same on every rank (techniques draw from (seed, step, micro_step))."""
-        p = Plan.full(self.cfg.model.n_layer)
+        p = Plan.full(self.task.n_blocks)
         for tech in self.techniques:
             tech.update_plan(p, step, micro_step)
         return p
 
     def forward_loss(self, x, y, plan: Optional[Plan]):
+        """(task loss, loss to differentiate = task loss + the techniques' extra losses); the task's
+        train metrics of this micro-batch are added to the step's (self.step_metrics)."""
         with self.accelerator.autocast():
-            logits, loss = self.model(x, y, plan=plan)
+            out, loss, metrics = self.task.forward(self.model, x, y, plan)
             total = loss
             for tech in self.techniques:
-                extra = tech.extra_loss(self.model, x, y, logits)
+                extra = tech.extra_loss(self.model, x, y, out)
                 if extra is not None:
                     total = total + extra
+        for k, v in metrics.items():
+            self.step_metrics.setdefault(k, []).append(v.detach())
         return loss, total
 
     # ------------------------------------------------------------------ one step
@@ -173,6 +175,7 @@ class Trainer:
         cfg, st, acc = self.cfg, self.state, self.accelerator
         self.model.train()
         t0 = time.perf_counter()
+        self.step_metrics: dict[str, list] = {}
         batches = self.batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
         losses = None
@@ -196,6 +199,10 @@ class Trainer:
         if self.engine is None:
             loss = acc.reduce(loss.to(acc.device), "mean")  # the same number on every rank
         loss = loss.item()
+        for k, v in self.step_metrics.items():  # e.g. accuracy: the mean over micro-batches and processes
+            v = torch.stack(v).float().mean()
+            st.win_metrics[k] = st.win_metrics.get(k, 0.0) + (acc.reduce(v.to(acc.device), "mean").item()
+                                                              if self.engine is None else v.item())
         if not math.isfinite(loss):
             self._diverged(f"training loss is {loss} at step {st.step + 1}")
         # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
@@ -211,11 +218,11 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
         # counters (all processes: this rank's work x world size; plans are identical across ranks)
-        world, B, T = self.dp[0], cfg.train.batch_size, cfg.model.seq_len
+        world, task = self.dp[0], self.task
         st.step += 1
-        st.tokens += world * B * T * len(batches)
-        st.flops += world * sum(F.train_step_flops(cfg.model, B, T, p) for p in plans)
-        st.layer_tokens += world * sum(F.layer_tokens(p, cfg.model.n_layer, B, T) for p in plans)
+        st.tokens += world * task.micro_tokens() * len(batches)
+        st.flops += world * sum(task.micro_flops(p) for p in plans)
+        st.layer_tokens += world * sum(task.micro_layer_tokens(p) for p in plans)
         st.blocks_run += sum(p.executed() for p in plans)
         st.micro_batches += len(plans)
         self.last_lr = lr
@@ -227,14 +234,8 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def _eval_loader(self):
         if self._eval is None:
-            cfg = self.cfg
-            w = eval_windows(self.data.val, cfg.model.seq_len, cfg.train.eval_windows)  # (n, T+1)
-            x, y = w[:, :-1], w[:, 1:]
-            if cfg.model.kind == "mlm":  # fixed masking so every evaluation scores the same positions
-                x, y = mask_tokens(x, self.data.mask_id, cfg.model.vocab_size,
-                                   generator_for(cfg.train.seed, 2**31 - 1), cfg.data.mlm_prob)
-            ds = torch.utils.data.TensorDataset(x, y)
-            dl = torch.utils.data.DataLoader(ds, batch_size=cfg.train.batch_size, shuffle=False)
+            ds = torch.utils.data.TensorDataset(*self.task.eval_data())
+            dl = torch.utils.data.DataLoader(ds, batch_size=self.cfg.train.batch_size, shuffle=False)
             self._eval = self.accelerator.prepare_data_loader(dl)
         return self._eval
 
@@ -254,27 +255,21 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Full model (no plan), mean loss over the fixed validation windows of all ranks."""
+        """Full model (no plan), the task's metrics over its fixed validation set, all ranks' parts."""
         if self.engine is not None:
             self.engine.sync_replica()
         self.model.eval()
-        sums, counts = [], []
+        parts: dict[str, list] = {}
         for x, y in self._eval_loader():
             with self.accelerator.autocast():
-                logits, _ = self.model(x)
-            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y,
-                                                    ignore_index=-100, reduction="none")  # (b, T)
-            valid = (y != -100).float()
-            sums.append((nll * valid).sum(1))
-            counts.append(valid.sum(1))
-        s = self.accelerator.gather_for_metrics(torch.cat(sums)).sum().item()
-        c = self.accelerator.gather_for_metrics(torch.cat(counts)).sum().item()
+                for k, v in self.task.eval_sums(self.model, x, y).items():
+                    parts.setdefault(k, []).append(v)
+        totals = {k: self.accelerator.gather_for_metrics(torch.cat(v)).sum().item() for k, v in parts.items()}
         self.model.train()
-        val = s / c
-        if not math.isfinite(val):
-            self._diverged(f"validation loss is {val} after step {self.state.step}")
-        bpt = self.data.meta.get("bytes_per_token", 1.0)
-        return dict(val_loss=val, val_bpb=val / math.log(2) / bpt)
+        out = self.task.eval_metrics(totals)
+        if not math.isfinite(out["val_loss"]):
+            self._diverged(f"validation loss is {out['val_loss']} after step {self.state.step}")
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_dir(self) -> Path:
@@ -326,7 +321,7 @@ class Trainer:
         # overrides, e.g. a lower weight decay after a divergence) wins over the stored values
         o = self.cfg.optim
         for g, wd in zip(self.optimizer.param_groups, (o.weight_decay, 0.0)):  # groups of param_groups()
-            g.update(weight_decay=wd, betas=(o.beta1, o.beta2))
+            g.update(weight_decay=wd, **(dict(betas=(o.beta1, o.beta2)) if o.name == "adamw" else dict(momentum=o.momentum)))
 
     def _load_engine(self, src: Path) -> None:
         acc, f = self.accelerator, src / f"engine_rank{self.accelerator.process_index}.pt"
@@ -397,7 +392,9 @@ class Trainer:
             do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
             if st.step % t.log_every == 0 or do_eval:
                 rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
+                rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
                 st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
+                st.win_metrics = {}
                 if do_eval:
                     rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
                     bar.set_postfix(val=f"{rec['val_loss']:.3f}")
@@ -418,6 +415,8 @@ def log_line(rec: dict, total: int) -> str:
     parts = [f"step {rec['step']}/{total}", f"train {rec['train_loss']:.4f}"]
     if "val_loss" in rec:
         parts.append(f"val {rec['val_loss']:.4f}")
+    if "val_acc" in rec:
+        parts.append(f"acc {rec['val_acc']:.4f}")
     parts += [f"lr {rec['lr']:.2e}", f"{rec['tok_per_s']:,.0f} tok/s", f"{rec['wall']:.0f}s"]
     return "  ".join(parts)
 

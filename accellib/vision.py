@@ -14,13 +14,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model import Block, ModelConfig, Plan, run_block
+from .model import Block, ModelConfig, Plan, PreAct, init_weights, layer_norm, run_block
 
 NORMS = ("none", "batch", "layer", "group")
-
-
-class PreAct(nn.Identity):
-    """Marks a layer's pre-activation, just before its nonlinearity."""
+KINDS = ("cnn", "mlp", "vit")
 
 
 def norm_layer(kind: str, channels: int, spatial: bool) -> nn.Module:
@@ -87,8 +84,9 @@ class ViT(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         self.pos = nn.Parameter(torch.randn(1, n + 1, cfg.d_model) * cfg.init_std)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.ln_f = layer_norm(cfg)
         self.head = nn.Linear(cfg.d_model, n_classes)
+        init_weights(self, cfg)     # the language model's init (the patch convolution keeps torch's)
 
     def forward(self, x: torch.Tensor, plan: Optional[Plan] = None) -> torch.Tensor:
         t = self.patch(x).flatten(2).transpose(1, 2)                      # (B, n, d)
@@ -96,6 +94,17 @@ class ViT(nn.Module):
         for i, block in enumerate(self.blocks):
             t = run_block(block, t, None if plan is None else plan.blocks[i])
         return self.head(self.ln_f(t[:, 0]))
+
+
+def build_model(cfg: ModelConfig, channels: int, image_size: int, n_classes: int) -> nn.Module:
+    """The image classifier of model.kind (cnn | mlp | vit) for images of channels x image_size^2."""
+    if cfg.kind == "cnn":
+        return ConvNet(channels, image_size, n_classes, cfg.norm)
+    if cfg.kind == "mlp":
+        return MLPNet(channels * image_size * image_size, n_classes, cfg.norm)
+    if cfg.kind == "vit":
+        return ViT(cfg, channels, image_size, n_classes, cfg.patch)
+    raise ValueError(f"model.kind={cfg.kind!r} is not an image classifier ({', '.join(KINDS)})")
 
 
 def classification_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
     (["--train.progress=maybe"], "train.progress must be true or false"),
     (["--train.steps=0"], "train.steps=0 is below the minimum 1"),
     (["--train.precision=fp8"], "choose one of ['auto', 'fp32', 'bf16']"),
-    (["--model.kind=rnn"], "choose one of ['gpt', 'mlm']"),
+    (["--model.kind=rnn"], "choose one of ['gpt', 'mlm', 'vit', 'cnn', 'mlp']"),
     (["--model.d_model=30", "--model.n_head=4"], "divisible"),
     (["train.steps=3"], "write --section.key=value"),
 ])

@@ -37,6 +37,7 @@ from ..techniques.base import Technique
 
 class Engine(Technique):
     splits_model = True   # the trainer and check_composition look for this
+    needs = "the language model's embedding, blocks and head, which it splits into stages"
 
     def __init__(self, cfg, run_cfg):
         super().__init__(cfg, run_cfg)

@@ -100,6 +100,7 @@ class CommThread:
 @register
 class LayeredAccumulation(Technique):
     name = "layered_accumulation"
+    needs = "the language model's embedding, blocks and head, which it runs layer by layer"
 
     @dataclass
     class Config:

@@ -6,7 +6,7 @@ subclass with a `Config` dataclass (whose `enabled` field switches it on) and de
 """
 from __future__ import annotations
 
-from .base import Technique, check_composition
+from .base import Technique, check_applicable, check_composition
 
 REGISTRY: dict[str, type[Technique]] = {}
 
@@ -20,6 +20,7 @@ def build_techniques(run_cfg) -> list[Technique]:
     """Instantiate the enabled techniques of a RunConfig, in registry order."""
     out = [REGISTRY[n](run_cfg.techniques[n], run_cfg) for n in REGISTRY
            if getattr(run_cfg.techniques.get(n), "enabled", False)]
+    check_applicable(out, run_cfg.model.kind)
     check_composition(out)
     return out
 

@@ -89,6 +89,8 @@ class LayerDropTechnique(Technique):
     """Base of PLD and SBLD. Subclasses implement `keep_probs(step) -> list[float]` (and may add
     to `state_dict`); the config needs `scale_by_inverse_p` and `zero_fill`."""
     plan_fields = ("run", "scale")
+    kinds = ("gpt", "mlm", "vit")
+    needs = "transformer blocks to drop"
 
     def __init__(self, cfg, run_cfg):
         super().__init__(cfg, run_cfg)

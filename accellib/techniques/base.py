@@ -32,6 +32,8 @@ class Technique:
     Config: type = object
     plan_fields: tuple[str, ...] = ()
     incompatible: tuple[str, ...] = ()   # other technique names it cannot run with
+    kinds: tuple[str, ...] = ("gpt", "mlm")   # the model.kind values it applies to
+    needs: str = "a language model"           # what it needs of the model, for the refusal's message
 
     def __init__(self, cfg: Any, run_cfg: Any):
         self.cfg = cfg
@@ -73,6 +75,14 @@ class Technique:
 
     def load_state_dict(self, d: dict) -> None:
         pass
+
+
+def check_applicable(techniques: list[Technique], kind: str) -> None:
+    """Raise a one-line ConfigError if an enabled technique does not apply to model.kind."""
+    for t in techniques:
+        if kind not in t.kinds:
+            raise ConfigError(f"{t.name} does not apply to model.kind={kind}: it needs {t.needs} "
+                              f"(model.kind {' or '.join(t.kinds)}); disable it or change the model")
 
 
 def check_composition(techniques: list[Technique]) -> None:

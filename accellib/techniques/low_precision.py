@@ -71,6 +71,8 @@ def _fmt(cfg: LowpConfig, key: str):
 @register
 class LowPrecision(Technique):
     name = "lowp"
+    kinds = ("gpt", "mlm", "vit", "mlp")
+    needs = "a model of Linear layers (the emulation covers Linear, not convolutions)"
     Config = LowpConfig
 
     def __init__(self, cfg: LowpConfig, run_cfg):
@@ -140,7 +142,7 @@ class LowPrecision(Technique):
         opt_state = trainer.optimizer.state
         for p in self.params:
             p.copy_(quantize(p.float(), self.wfmt, rounding, g))
-            for k in ("exp_avg", "exp_avg_sq"):
+            for k in ("exp_avg", "exp_avg_sq", "momentum_buffer"):  # AdamW's moments, SGD's momentum
                 if k in opt_state.get(p, {}):
                     opt_state[p][k].copy_(quantize(opt_state[p][k].float(), self.wfmt, rounding, g))
 

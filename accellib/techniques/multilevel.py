@@ -286,6 +286,7 @@ class MultiLevel(Technique):
     """Config section `multilevel`. The V-cycle trains several models in sequence, so it is driven
     by `accellib.techniques.vcycle.run_vcycle` (one Trainer per stage), not from inside a Trainer."""
     name = "multilevel"
+    needs = "the language model's parameter names (the coalescing maps are written for them)"
     Config = MultiLevelConfig
 
     def setup(self, trainer) -> None:

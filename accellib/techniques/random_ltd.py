@@ -124,6 +124,8 @@ class RandomLTD(Technique):
     name = "random_ltd"
     Config = RandomLTDConfig
     plan_fields = ("keep",)
+    kinds = ("gpt", "mlm", "vit")
+    needs = "token sequences in transformer blocks"
 
     def __init__(self, cfg: RandomLTDConfig, run_cfg):
         super().__init__(cfg, run_cfg)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..config import opt
-from ..data import generator_for, mask_tokens, sample_batch
+from ..data import generator_for
 from ..model import Plan
 from . import register
 from ._layer_drop_common import LayerDropTechnique, depth_keep_probs, pld_theta
@@ -192,9 +192,7 @@ class SensitivityLayerDrop(LayerDropTechnique):
         out = []
         for k in range(self.cfg.profile_batches):
             g = generator_for(self.seed, _PROFILE_TAG, k, acc.process_index)
-            x, y = sample_batch(trainer.data.train, c.train.batch_size, c.model.seq_len, g)
-            if c.model.kind == "mlm":
-                x, y = mask_tokens(x, trainer.data.mask_id, c.model.vocab_size, g, c.data.mlm_prob)
+            x, y = trainer.task.sample(g)
             out.append((x.to(acc.device), y.to(acc.device)))
         return out
 
@@ -213,7 +211,7 @@ class SensitivityLayerDrop(LayerDropTechnique):
                 if skip is not None:
                     plan.blocks[skip].run = False
                 with acc.autocast():
-                    row.append(model(x, y, plan=plan)[1].float())
+                    row.append(trainer.task.forward(model, x, y, plan)[1].float())
             rows.append(torch.stack(row))                          # (L+1,)
         losses = torch.stack(rows)                                 # (K, L+1)
         s = (losses[:, 1:] - losses[:, :1]).clamp_min(0).mean(0)   # (L,)

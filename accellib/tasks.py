@@ -1,0 +1,214 @@
+"""What the one training loop trains on: a task supplies the data, the loss and its metrics, the
+evaluation, and the compute accounting; the trainer (accellib/trainer.py) does everything else
+(micro-batches, techniques' plans, gradient accumulation, clipping, checkpoints, logs).
+
+    task = make_task(cfg)                     # by model.kind: gpt | mlm -> LMTask, vit | cnn | mlp -> ImageTask
+    task.configure()                          # fill the model fields the data decides (vocab_size, vit's seq_len)
+    model = task.build_model()
+    x, y = task.batch(step, index)            # drawn from (seed, step, index) only: any process can rebuild it
+    x, y = task.sample(generator)             # one micro-batch from any generator (SBLD's profiling batches)
+    out, loss, metrics = task.forward(model, x, y, plan)     # metrics: e.g. {"acc": ...}, logged as train_acc
+    x_val, y_val = task.eval_data()           # fixed: every evaluation scores the same examples
+    sums = task.eval_sums(model, x, y)        # per-example sums, gathered over processes by the trainer
+    task.eval_metrics({k: total})             # -> {"val_loss", "val_bpb"} or {"val_loss", "val_acc"}
+    task.micro_flops(plan), task.micro_tokens(), task.micro_layer_tokens(plan)   # one micro-batch, one process
+    task.references()                         # reference losses drawn on every loss plot
+
+`index` is the global micro-batch index m * world + rank, so 2 processes x 1 micro-batch see exactly
+the data of 1 process x 2 micro-batches.
+"""
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Optional
+
+import torch
+import torch.nn.functional as Fn
+
+from . import flops as F
+from .config import ConfigError
+from .data import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
+from .model import Plan, Transformer
+
+LM_KINDS = ("gpt", "mlm")
+IMAGE_KINDS = ("vit", "cnn", "mlp")
+
+
+class LMTask:
+    """Language modelling on a token folder (data/shakespeare, ...): next-token (gpt) or masked (mlm)."""
+
+    def __init__(self, cfg, data=None):
+        self.cfg, self._data = cfg, data
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = load_token_data(self.cfg.data.path)
+        return self._data
+
+    @property
+    def n_blocks(self) -> int:
+        return self.cfg.model.n_layer
+
+    def configure(self) -> None:
+        m, d = self.cfg.model, self.data
+        if m.vocab_size == 0:
+            m.vocab_size = d.vocab_size
+        if m.vocab_size < d.vocab_size:
+            raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of "
+                              f"{self.cfg.data.path} ({d.vocab_size} ids, meta.json); leave it 0 to take "
+                              "the data's size")
+        if m.kind == "mlm" and d.mask_id is None:
+            raise ConfigError(f"model.kind=mlm needs a [MASK] id in {self.cfg.data.path}/meta.json; "
+                              "re-run data_scripts/prepare_shakespeare.py --force")
+
+    def build_model(self) -> torch.nn.Module:
+        return Transformer(self.cfg.model)
+
+    def batch(self, step: int, index: int):
+        return self.sample(generator_for(self.cfg.train.seed, step, index))
+
+    def sample(self, g: torch.Generator):
+        """One micro-batch drawn with `g` (batch() draws with the training stream's generator)."""
+        c = self.cfg
+        x, y = sample_batch(self.data.train, c.train.batch_size, c.model.seq_len, g)
+        if c.model.kind == "mlm":
+            x, y = mask_tokens(x, self.data.mask_id, c.model.vocab_size, g, c.data.mlm_prob)
+        return x, y
+
+    def forward(self, model, x, y, plan: Optional[Plan]):
+        logits, loss = model(x, y, plan=plan)
+        return logits, loss, {}
+
+    def eval_data(self):
+        c = self.cfg
+        w = eval_windows(self.data.val, c.model.seq_len, c.train.eval_windows)  # (n, T+1)
+        x, y = w[:, :-1], w[:, 1:]
+        if c.model.kind == "mlm":  # fixed masking so every evaluation scores the same positions
+            x, y = mask_tokens(x, self.data.mask_id, c.model.vocab_size,
+                               generator_for(c.train.seed, 2**31 - 1), c.data.mlm_prob)
+        return x, y
+
+    def eval_sums(self, model, x, y) -> dict:
+        logits, _ = model(x)
+        nll = Fn.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-100, reduction="none")  # (b, T)
+        valid = (y != -100).float()
+        return dict(loss=(nll * valid).sum(1), count=valid.sum(1))
+
+    def eval_metrics(self, totals: dict) -> dict:
+        val = totals["loss"] / totals["count"]
+        bpt = self.data.meta.get("bytes_per_token", 1.0)
+        return dict(val_loss=val, val_bpb=val / math.log(2) / bpt)
+
+    def micro_flops(self, plan: Optional[Plan]) -> float:
+        c = self.cfg
+        return F.train_step_flops(c.model, c.train.batch_size, c.model.seq_len, plan)
+
+    def micro_tokens(self) -> int:
+        return self.cfg.train.batch_size * self.cfg.model.seq_len
+
+    def micro_layer_tokens(self, plan: Optional[Plan]) -> int:
+        c = self.cfg
+        return F.layer_tokens(plan, c.model.n_layer, c.train.batch_size, c.model.seq_len)
+
+    def references(self) -> dict:
+        c = self.cfg
+        return ngram_references(self.data, c.model.seq_len, c.train.eval_windows)
+
+
+class ImageTask:
+    """Image classification on an image folder (data/digits, data/mnist, data/cifar10; see
+    accellib/image_data.py) with a cnn, mlp or vit (accellib/vision.py). `tokens` counts images."""
+
+    def __init__(self, cfg, data=None):
+        self.cfg, self._data = cfg, data
+
+    @property
+    def data(self):
+        if self._data is None:
+            from .image_data import load_image_data
+            self._data = load_image_data(self.cfg.data.path)
+        return self._data
+
+    @property
+    def n_blocks(self) -> int:  # blocks a Plan addresses: the ViT's; the CNN and MLP have none
+        return self.cfg.model.n_layer if self.cfg.model.kind == "vit" else 0
+
+    def configure(self) -> None:
+        m, d = self.cfg.model, self.data
+        if m.kind == "vit":
+            if d.image_size % m.patch:
+                raise ConfigError(f"model.patch={m.patch} does not divide the {d.image_size}x{d.image_size} images "
+                                  f"of {self.cfg.data.path}; choose a divisor of {d.image_size}")
+            m.seq_len = (d.image_size // m.patch) ** 2 + 1  # the patches and the class token
+
+    def build_model(self) -> torch.nn.Module:
+        from .vision import build_model
+        d = self.data
+        return build_model(self.cfg.model, d.channels, d.image_size, d.n_classes)
+
+    def batch(self, step: int, index: int):
+        return self.sample(generator_for(self.cfg.train.seed, step, index))
+
+    def sample(self, g: torch.Generator):
+        from .image_data import image_batch
+        return image_batch(self.data, self.cfg.train.batch_size, g)
+
+    def _logits(self, model, x, plan=None):
+        return model(x, plan=plan) if self.cfg.model.kind == "vit" else model(x)
+
+    def forward(self, model, x, y, plan: Optional[Plan]):
+        logits = self._logits(model, x, plan)
+        loss = Fn.cross_entropy(logits.float(), y)
+        return logits, loss, dict(acc=(logits.detach().argmax(-1) == y).float().mean())
+
+    def eval_data(self):
+        from .image_data import split_tensors
+        return split_tensors(self.data, "val")
+
+    def eval_sums(self, model, x, y) -> dict:
+        logits = self._logits(model, x).float()
+        return dict(loss=Fn.cross_entropy(logits, y, reduction="none"),
+                    correct=(logits.argmax(-1) == y).float(), count=torch.ones_like(y, dtype=torch.float32))
+
+    def eval_metrics(self, totals: dict) -> dict:
+        return dict(val_loss=totals["loss"] / totals["count"], val_acc=totals["correct"] / totals["count"])
+
+    @cached_property
+    def _forward_flops(self) -> tuple[int, int]:
+        """(FLOPs of one image's forward pass outside the ViT blocks, of one full-length block); counted
+        on a fresh model by accellib.vision.forward_flops (for a ViT, minus its blocks' analytic count)."""
+        from .vision import forward_flops
+        d, m = self.data, self.cfg.model
+        total = forward_flops(self.build_model(), torch.zeros(1, d.channels, d.image_size, d.image_size))
+        if m.kind != "vit":
+            return total, 0
+        block = F.block_forward_flops(m, m.seq_len)
+        return total - m.n_layer * block, block
+
+    def micro_flops(self, plan: Optional[Plan]) -> float:
+        outside, _ = self._forward_flops
+        m = self.cfg.model
+        blocks = (sum(F.block_forward_flops(m, n) for n in F.block_tokens(plan, m.n_layer, m.seq_len) if n)
+                  if m.kind == "vit" else 0)
+        return 3 * self.cfg.train.batch_size * (outside + blocks)
+
+    def micro_tokens(self) -> int:
+        return self.cfg.train.batch_size
+
+    def micro_layer_tokens(self, plan: Optional[Plan]) -> int:
+        m = self.cfg.model
+        return F.layer_tokens(plan, m.n_layer, self.cfg.train.batch_size, m.seq_len) if m.kind == "vit" else 0
+
+    def references(self) -> dict:
+        return {"uniform": math.log(self.data.n_classes)}  # the loss of guessing every class alike
+
+
+def is_image_kind(kind: str) -> bool:
+    return kind in IMAGE_KINDS
+
+
+def make_task(cfg, data=None):
+    """The task of cfg.model.kind, on `data` (opened from cfg.data.path when None)."""
+    return (ImageTask if is_image_kind(cfg.model.kind) else LMTask)(cfg, data)
