@@ -12,6 +12,7 @@ NO_PY  := error: no Python >= 3.11 (tried $(or $(PYTHON),python3.11 python3.12 p
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DATA   := data/shakespeare/meta.json
+DIGITS := data/digits/meta.json
 # 2 cores: one torch thread per process keeps parallel test workers from oversubscribing
 TEST_ENV := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
 
@@ -25,9 +26,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
-data: $(DATA)
+data: $(DATA) $(DIGITS)
 $(DATA): | $(VENV)/.installed
 	$(PY) data_scripts/prepare_shakespeare.py
+$(DIGITS): | $(VENV)/.installed
+	$(PY) data_scripts/prepare_digits.py
 
 quickstart: install data
 	$(PY) -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart --overwrite

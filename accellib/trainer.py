@@ -126,6 +126,7 @@ class Trainer:
         self.out = Path(out_dir) if out_dir is not None else None
         self.saved_step: Optional[int] = None  # step of the checkpoint on disk (None: none yet)
         self._eval = None
+        self.step_metrics: dict[str, list] = {}  # the task's train metrics of the current step's micro-batches
         for tech in self.techniques:
             tech.setup(self)
 
@@ -175,7 +176,7 @@ class Trainer:
         cfg, st, acc = self.cfg, self.state, self.accelerator
         self.model.train()
         t0 = time.perf_counter()
-        self.step_metrics: dict[str, list] = {}
+        self.step_metrics = {}
         batches = self.batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
         losses = None

@@ -49,6 +49,24 @@ def tiny_data_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """scikit-learn's 8x8 digits written by data_scripts/prepare_digits.py (about a second)."""
+    from data_scripts import prepare_digits
+    out = tmp_path_factory.mktemp("images") / "digits"
+    assert prepare_digits.main(["--out", str(out)]) == 0
+    return out
+
+
+def image_overrides(data_dir, **kw) -> list[str]:
+    """The digits CNN at test size: SGD with momentum (so the optimizer has state to checkpoint)."""
+    base = {"data.path": str(data_dir), "model.kind": "cnn", "model.norm": "none", "optim.name": "sgd",
+            "optim.momentum": 0.9, "optim.lr": 0.01, "optim.warmup_steps": 2, "train.batch_size": 16,
+            "train.steps": 6, "train.eval_every": 3, "train.log_every": 1, "train.progress": False}
+    base.update(kw)
+    return [f"--{k}={v}" for k, v in base.items()]
+
+
 def tiny_overrides(data_dir, **kw) -> list[str]:
     base = {"data.path": str(data_dir), "model.n_layer": 4, "model.d_model": 32, "model.n_head": 2,
             "model.seq_len": 32, "train.batch_size": 8, "train.steps": 6, "train.eval_every": 3,

@@ -20,6 +20,8 @@ GPU_SCALE = {  # config -> the prepare_hf.py --dataset it trains on (all with th
     "random_ltd_gpt2_medium_owt": "openwebtext", "random_ltd_gpt2_small_owt": "openwebtext",
     "pld_bert_base": "wikitext-103",
 }
+IMAGE = {"digits_cnn": "digits", "digits_cnn_sl": "digits", "mnist_cnn": "mnist", "cifar10_vit_sl": "cifar10"}
+IMAGE_GPU = {"cifar10_vit_sl"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -31,6 +33,9 @@ def test_config_loads(path):
         cfg = load_config(path)
     if path.stem in GPU_SCALE:
         assert cfg.train.device == "cuda"  # a run without CUDA fails in one line, not after days on a CPU
+    elif path.stem in IMAGE:
+        assert Path(cfg.data.path).name == IMAGE[path.stem]
+        assert cfg.train.device == ("cuda" if path.stem in IMAGE_GPU else "auto")
     else:
         assert cfg.train.device == "auto" and Path(cfg.data.path).name == "shakespeare"
 
@@ -38,7 +43,18 @@ def test_config_loads(path):
 def test_every_gpu_scale_config_is_listed():
     assert set(GPU_SCALE) <= {p.stem for p in CONFIGS}
     cuda = {p.stem for p in CONFIGS if "device: cuda" in p.read_text()}
-    assert cuda == set(GPU_SCALE)
+    assert cuda == set(GPU_SCALE) | IMAGE_GPU
+    assert set(IMAGE) <= {p.stem for p in CONFIGS}
+
+
+@pytest.mark.parametrize("name,folder", sorted(IMAGE.items()))
+def test_image_config_names_the_command_that_writes_its_data(name, folder):
+    from accellib.image_data import image_hint
+    path = ROOT / "configs" / f"{name}.yaml"
+    cfg = load_config(path) if "\narms:" not in path.read_text() else None
+    data = ROOT / (cfg.data.path if cfg else f"data/{folder}")
+    command = image_hint(data, force=False).removeprefix("run `").removesuffix("`")
+    assert command.startswith("python data_scripts/prepare_") and command in path.read_text()
 
 
 @pytest.mark.parametrize("name,dataset", sorted(GPU_SCALE.items()))

@@ -1,0 +1,199 @@
+"""The image task in the one trainer loop (issue 13): the standardization loss as a technique, resume,
+2 processes, FLOPs, which techniques apply to which model kind, compare and the CLI on a vision config."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from accellib.config import ConfigError, load_config
+from accellib.data import DataError
+from accellib.model import ModelConfig, Plan, PreAct, Transformer
+from accellib.standardization import standardization_loss
+from accellib.tasks import make_task
+from accellib.techniques import REGISTRY
+from accellib.trainer import Trainer
+from conftest import crash_and_resume, image_overrides, tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+SL = {"standardization_loss.enabled": "true"}
+
+
+def image_cfg(data_dir, **kw):
+    return load_config(None, image_overrides(data_dir, **kw))
+
+
+def test_sl_adds_w_times_the_layers_losses_in_training_only(digits_dir):
+    tr = Trainer(image_cfg(digits_dir, **SL, **{"standardization_loss.weight": 0.5}))
+    model = tr.raw_model
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append(o.detach())) for m in model.modules()
+             if isinstance(m, PreAct)]
+    x, y = tr.batches(0)[0]
+    loss, total = tr.forward_loss(x, y, tr.plan(0, 0))
+    assert len(seen) == 3                                     # the CNN's three conv pre-activations
+    expected = sum(standardization_loss(o, channel_dim=1) for o in seen)  # (B, C, H, W): channels at dim 1
+    torch.testing.assert_close(total - loss, 0.5 * expected)
+    assert float(expected) > 0
+    for h in hooks:
+        h.remove()
+    sl = next(t for t in tr.techniques if t.name == "standardization_loss")
+    assert sl.terms == []                                     # consumed by extra_loss
+    with torch.no_grad():                                     # no gradients: nothing recorded
+        tr.model(x)
+    model.eval()
+    model(x)                                                  # eval mode: nothing recorded
+    assert sl.terms == []
+
+
+def test_sl_leaves_evaluation_unchanged(digits_dir):
+    plain, with_sl = Trainer(image_cfg(digits_dir)), Trainer(image_cfg(digits_dir, **SL))
+    assert all(torch.equal(a, b) for a, b in zip(plain.raw_model.state_dict().values(),
+                                                 with_sl.raw_model.state_dict().values()))
+    assert plain.evaluate() == with_sl.evaluate()             # bitwise: the hooks add nothing at eval
+
+
+def test_sl_on_the_transformer_hooks_the_mlp_pre_activation(tiny_cfg):
+    cfg = tiny_cfg(**{"model.norm": "none", "standardization_loss.enabled": "true"})
+    tr = Trainer(cfg)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in tr.raw_model.modules())   # norm=none removes all
+    sl = next(t for t in tr.techniques if t.name == "standardization_loss")
+    assert len(sl.handles) == cfg.model.n_layer               # one PreAct per block, before GELU
+    x, y = tr.batches(0)[0]
+    loss, total = tr.forward_loss(x, y, tr.plan(0, 0))
+    assert float(total) > float(loss)
+    assert tr.fit()["val_loss"] < 5.6                         # it trains (ln 257 = 5.55 at chance)
+
+
+def test_sl_layers_out_of_range_is_one_line(digits_dir):
+    with pytest.raises(ConfigError, match=r"has 3 pre-activation\(s\)") as e:
+        Trainer(image_cfg(digits_dir, **SL, **{"standardization_loss.layers": "[0, 5]"}))
+    assert "\n" not in str(e.value)
+
+
+def test_vision_resume_is_bitwise(digits_dir, tmp_path, monkeypatch):
+    factory = lambda **kw: image_cfg(digits_dir, **SL, **{"train.steps": 8, "train.checkpoint_every": 2}, **kw)
+    full, part, rf, rp = crash_and_resume(factory, {}, tmp_path, monkeypatch, crash_after=5)
+    assert full == part
+    assert rf["final"]["val_acc"] == rp["final"]["val_acc"] and rf["final"]["val_loss"] == rp["final"]["val_loss"]
+    assert {"train_acc", "val_acc", "std_loss"} <= set(full[-1])
+
+
+def _dump(data_dir, out_dir, extra):
+    from accelerate.state import AcceleratorState
+    tr = Trainer(image_cfg(data_dir, **extra))
+    losses = [tr.train_step() for _ in range(3)]
+    ev = tr.evaluate()
+    flat = torch.cat([p.detach().flatten() for p in tr.raw_model.parameters()])
+    rank, world = tr.accelerator.process_index, tr.accelerator.num_processes
+    Path(out_dir, f"rank{rank}_of{world}.json").write_text(json.dumps(dict(losses=losses, ev=ev, params=flat.tolist())))
+    tr.accelerator.wait_for_everyone()
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.timeout(180)
+def test_two_processes_equal_one_process_with_grad_accum_2(digits_dir, tmp_path):
+    from accellib.launch import launch_processes
+    kw = dict(SL, **{"train.batch_size": 8})                  # SL's moments are per process = per micro-batch
+    launch_processes(_dump, (digits_dir, tmp_path, kw), 2, timeout_s=150)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}_of2.json").read_text()) for r in (0, 1))
+    assert r0 == r1                                           # replicas and reduced metrics agree exactly
+    _dump(digits_dir, tmp_path, dict(kw, **{"train.grad_accum": 2}))
+    one = json.loads((tmp_path / "rank0_of1.json").read_text())
+    torch.testing.assert_close(torch.tensor(one["losses"]), torch.tensor(r0["losses"]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(one["params"]), torch.tensor(r0["params"]), rtol=0, atol=1e-5)
+    assert abs(one["ev"]["val_acc"] - r0["ev"]["val_acc"]) <= 1 / 359  # at most one image flips
+
+
+def test_vit_flops_follow_the_plan(digits_dir):
+    from accellib.vision import forward_flops
+    cfg = image_cfg(digits_dir, **{"model.kind": "vit", "model.patch": 2, "model.n_layer": 3,
+                                   "model.d_model": 32, "model.n_head": 2})
+    task = make_task(cfg)
+    task.configure()
+    assert cfg.model.seq_len == 17                            # (8 / 2)^2 patches + the class token
+    x, _ = task.batch(0, 0)
+    full = task.micro_flops(Plan.full(3))
+    assert full == 3 * forward_flops(task.build_model(), x)   # analytic count = the hooks' count
+    p = Plan.full(3)
+    p.blocks[1].run = False
+    assert task.micro_flops(p) < full
+    assert task.micro_layer_tokens(p) == 2 * 17 * cfg.train.batch_size
+
+
+ON = {"pipeline": {"pipeline.schedule": "gpipe"}}   # the pipeline is switched on by its schedule
+VIT = {"model.kind": "vit", "model.patch": 2, "model.n_layer": 3, "model.d_model": 32, "model.n_head": 2,
+       "train.steps": 2, "train.eval_every": 0, "random_ltd.min_len": 8, "sbld.profile_batches": 1}
+APPLIES = {"vit": {"pld", "sbld", "random_ltd", "lowp", "standardization_loss"},
+           "cnn": {"standardization_loss"},
+           "mlp": {"lowp", "standardization_loss"}}
+
+
+@pytest.mark.parametrize("kind", ["vit", "cnn", "mlp"])
+def test_each_technique_runs_on_an_image_model_or_refuses_in_one_line(digits_dir, kind):
+    ran = set()
+    for name in REGISTRY:
+        kw = dict(VIT, **{"model.kind": kind}, **ON.get(name, {f"{name}.enabled": "true"}))
+        if kind != "vit":
+            kw["optim.name"] = "adamw"
+        try:
+            tr = Trainer(image_cfg(digits_dir, **kw))
+        except ConfigError as e:
+            assert f"does not apply to model.kind={kind}" in str(e) and "\n" not in str(e), str(e)
+            continue
+        final = tr.fit()
+        assert torch.isfinite(torch.tensor(final["val_loss"]))
+        ran.add(name)
+    assert ran == APPLIES[kind]
+
+
+def test_vit_runs_pld_and_random_ltd_plans(digits_dir):
+    tr = Trainer(image_cfg(digits_dir, **dict(VIT, **{"pld.enabled": "true", "random_ltd.enabled": "true",
+                                                      "train.steps": 3})))
+    plan = tr.plan(0, 0)
+    assert plan.blocks[1].keep is not None and plan.blocks[1].keep.shape[1] < 17
+    full_flops = make_task(tr.cfg).micro_flops(Plan.full(3))
+    tr.fit()
+    assert 0 < tr.state.flops < 3 * full_flops                # dropped blocks and tokens cost less
+
+
+def test_wrong_data_for_the_model_kind_is_one_line(digits_dir, tiny_data_dir):
+    with pytest.raises(DataError) as e:
+        Trainer(image_cfg(tiny_data_dir))                     # a CNN on token data
+    assert "\n" not in str(e.value)
+    with pytest.raises(DataError) as e:
+        Trainer(load_config(None, tiny_overrides(digits_dir)))  # a GPT on images
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="model.patch=3 does not divide"):
+        Trainer(image_cfg(digits_dir, **{"model.kind": "vit", "model.patch": 3}))
+    with pytest.raises(ConfigError, match="model.norm=batch is for model.kind=cnn or mlp"):
+        load_config(None, ["--model.norm=batch"])
+
+
+def test_transformer_norm_default_keeps_the_parameter_names():
+    a, b = Transformer(ModelConfig()), Transformer(ModelConfig(norm="none"))
+    assert {k for k in a.state_dict() if "ln_" in k}          # LayerNorm gains and biases
+    assert set(b.state_dict()) == {k for k in a.state_dict() if "ln_" not in k}
+
+
+def _cli(args, cwd):
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.timeout(300)
+def test_train_and_compare_on_the_digits_configs(digits_dir, tmp_path):
+    short = [f"--data.path={digits_dir}", "--train.steps=30", "--train.eval_every=10", "--train.progress=false"]
+    p = _cli(["accellib.train", "--config", str(ROOT / "configs/digits_cnn_sl.yaml"), "--out",
+              str(tmp_path / "sl"), *short], tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "accuracy" in p.stdout
+    p = _cli(["accellib.compare", "--config", str(ROOT / "configs/digits_cnn.yaml"), "--out", str(tmp_path / "cmp"),
+              "--seeds", "2", *short], tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "val acc" in p.stdout and "bits/byte" not in p.stdout
+    rows = {r["arm"]: r for r in json.loads((tmp_path / "cmp" / "summary.json").read_text())["rows"]}
+    assert set(rows) == {"baseline", "sl", "bn"} and all(len(r["val_accs"]) == 2 for r in rows.values())
