@@ -35,8 +35,8 @@ LM_KINDS = ("gpt", "mlm")
 IMAGE_KINDS = ("vit", "cnn", "mlp")
 
 
-class LMTask:
-    """Language modelling on a token folder (data/shakespeare, ...): next-token (gpt) or masked (mlm)."""
+class _Task:
+    """What both tasks share: the config, and the data opened from cfg.data.path on first use."""
 
     def __init__(self, cfg, data=None):
         self.cfg, self._data = cfg, data
@@ -44,8 +44,19 @@ class LMTask:
     @property
     def data(self):
         if self._data is None:
-            self._data = load_token_data(self.cfg.data.path)
+            self._data = self.open(self.cfg.data.path)
         return self._data
+
+    def batch(self, step: int, index: int):
+        return self.sample(generator_for(self.cfg.train.seed, step, index))
+
+
+class LMTask(_Task):
+    """Language modelling on a token folder (data/shakespeare, ...): next-token (gpt) or masked (mlm)."""
+
+    @staticmethod
+    def open(path):
+        return load_token_data(path)
 
     @property
     def n_blocks(self) -> int:
@@ -65,9 +76,6 @@ class LMTask:
 
     def build_model(self) -> torch.nn.Module:
         return Transformer(self.cfg.model)
-
-    def batch(self, step: int, index: int):
-        return self.sample(generator_for(self.cfg.train.seed, step, index))
 
     def sample(self, g: torch.Generator):
         """One micro-batch drawn with `g` (batch() draws with the training stream's generator)."""
@@ -117,19 +125,14 @@ class LMTask:
         return ngram_references(self.data, c.model.seq_len, c.train.eval_windows)
 
 
-class ImageTask:
+class ImageTask(_Task):
     """Image classification on an image folder (data/digits, data/mnist, data/cifar10; see
     accellib/image_data.py) with a cnn, mlp or vit (accellib/vision.py). `tokens` counts images."""
 
-    def __init__(self, cfg, data=None):
-        self.cfg, self._data = cfg, data
-
-    @property
-    def data(self):
-        if self._data is None:
-            from .image_data import load_image_data
-            self._data = load_image_data(self.cfg.data.path)
-        return self._data
+    @staticmethod
+    def open(path):
+        from .image_data import load_image_data
+        return load_image_data(path)
 
     @property
     def n_blocks(self) -> int:  # blocks a Plan addresses: the ViT's; the CNN and MLP have none
@@ -147,9 +150,6 @@ class ImageTask:
         from .vision import build_model
         d = self.data
         return build_model(self.cfg.model, d.channels, d.image_size, d.n_classes)
-
-    def batch(self, step: int, index: int):
-        return self.sample(generator_for(self.cfg.train.seed, step, index))
 
     def sample(self, g: torch.Generator):
         from .image_data import image_batch

