@@ -189,6 +189,11 @@ class Transformer(nn.Module):
         return head(self.transformer.ln_f, self.lm_head, x)
 
 
+def num_params(model: nn.Module) -> int:
+    """A Transformer's count without position embeddings (nanoGPT's convention); any other model's every parameter."""
+    return model.num_params() if isinstance(model, Transformer) else sum(p.numel() for p in model.parameters())
+
+
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     """GPT-2's init: every Linear and Embedding weight ~ N(0, init_std), biases 0, and the residual
     output projections (c_proj) ~ N(0, init_std / sqrt(2 L)) (Radford et al. 2019, §2.3)."""

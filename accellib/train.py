@@ -21,6 +21,7 @@ from .config import ConfigError, RunConfig, help_text, load_config, read_yaml
 from .data import DataError
 from .launch import LaunchError, end_accelerate_launcher, process_state
 from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
+from .model import num_params
 from .trainer import Trainer, TrainingError
 
 USER_ERRORS = (ConfigError, DataError, LaunchError, TrainingError)
@@ -39,12 +40,13 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     from .tasks import make_task
     from .techniques import REGISTRY, check_applicable
     check_applicable([REGISTRY[n] for n in cfg.enabled()], cfg.model.kind)  # before the V-cycle plans stages
-    data = make_task(cfg).data
+    task = make_task(cfg)
+    data = task.data
     ml = cfg.techniques.get("multilevel")
     vcycle = ml is not None and ml.enabled
     if vcycle:  # the V-cycle drives one trainer per stage itself; planning it validates it
         from .techniques.vcycle import plan_stages, run_vcycle
-        cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
+        task.configure()
         plan_stages(cfg)
     else:
         trainer = Trainer(cfg, out, data=data)  # builds the techniques: writes nothing yet
@@ -77,11 +79,6 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     finally:
         if process_state(cfg.train.device).is_main_process:
             unlock_run(out)
-
-
-def num_params(model) -> int:
-    """The transformer's count without position embeddings (nanoGPT's convention), else every parameter."""
-    return model.num_params() if hasattr(model, "num_params") else sum(p.numel() for p in model.parameters())
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:

@@ -72,7 +72,9 @@ class MLPNet(nn.Module):
 class ViT(nn.Module):
     """Patch embedding + a class token + learned positions, accellib's pre-LN Blocks (bidirectional
     attention), final LayerNorm, a linear head on the class token. forward(x, plan) runs the blocks
-    under a Plan like the language model does (skip / scale / token subset per block)."""
+    under a Plan like the language model does (skip / scale / token subset per block). The blocks and
+    the final LayerNorm carry the language model's names (transformer.h.{i}..., transformer.ln_f), so the
+    multi-level operators (accellib/techniques/multilevel.py) map a ViT as they map a GPT."""
 
     def __init__(self, cfg: ModelConfig, channels: int, image_size: int, n_classes: int, patch: int):
         super().__init__()
@@ -80,20 +82,25 @@ class ViT(nn.Module):
             raise ValueError(f"image size {image_size} is not a multiple of the patch size {patch}")
         self.cfg = cfg
         n = (image_size // patch) ** 2
-        self.patch = nn.Conv2d(channels, cfg.d_model, patch, stride=patch)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         self.pos = nn.Parameter(torch.randn(1, n + 1, cfg.d_model) * cfg.init_std)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = layer_norm(cfg)
+        self.transformer = nn.ModuleDict(dict(
+            patch=nn.Conv2d(channels, cfg.d_model, patch, stride=patch),
+            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+            ln_f=layer_norm(cfg)))
         self.head = nn.Linear(cfg.d_model, n_classes)
         init_weights(self, cfg)     # the language model's init (the patch convolution keeps torch's)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.transformer.h
+
     def forward(self, x: torch.Tensor, plan: Optional[Plan] = None) -> torch.Tensor:
-        t = self.patch(x).flatten(2).transpose(1, 2)                      # (B, n, d)
+        t = self.transformer.patch(x).flatten(2).transpose(1, 2)          # (B, n, d)
         t = torch.cat([self.cls.expand(t.size(0), -1, -1), t], 1) + self.pos
         for i, block in enumerate(self.blocks):
             t = run_block(block, t, None if plan is None else plan.blocks[i])
-        return self.head(self.ln_f(t[:, 0]))
+        return self.head(self.transformer.ln_f(t[:, 0]))
 
 
 def build_model(cfg: ModelConfig, channels: int, image_size: int, n_classes: int) -> nn.Module:

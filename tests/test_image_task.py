@@ -124,26 +124,27 @@ def test_vit_flops_follow_the_plan(digits_dir):
 
 
 ON = {"pipeline": {"pipeline.schedule": "gpipe"}}   # the pipeline is switched on by its schedule
-VIT = {"model.kind": "vit", "model.patch": 2, "model.n_layer": 3, "model.d_model": 32, "model.n_head": 2,
+VIT = {"model.kind": "vit", "model.patch": 2, "model.n_layer": 4, "model.d_model": 32, "model.n_head": 2,
        "train.steps": 2, "train.eval_every": 0, "random_ltd.min_len": 8, "sbld.profile_batches": 1}
-APPLIES = {"vit": {"pld", "sbld", "random_ltd", "lowp", "standardization_loss"},
+APPLIES = {"vit": {"pld", "sbld", "random_ltd", "lowp", "standardization_loss", "multilevel"},
            "cnn": {"standardization_loss"},
            "mlp": {"lowp", "standardization_loss"}}
 
 
 @pytest.mark.parametrize("kind", ["vit", "cnn", "mlp"])
-def test_each_technique_runs_on_an_image_model_or_refuses_in_one_line(digits_dir, kind):
+def test_each_technique_runs_on_an_image_model_or_refuses_in_one_line(digits_dir, kind, tmp_path):
+    from accellib.train import training_function
     ran = set()
     for name in REGISTRY:
         kw = dict(VIT, **{"model.kind": kind}, **ON.get(name, {f"{name}.enabled": "true"}))
         if kind != "vit":
             kw["optim.name"] = "adamw"
-        try:
-            tr = Trainer(image_cfg(digits_dir, **kw))
+        try:  # the V-cycle trains several models, through the CLI's function; the rest one Trainer
+            final = (training_function(image_cfg(digits_dir, **kw), tmp_path / name) if name == "multilevel"
+                     else Trainer(image_cfg(digits_dir, **kw)).fit())
         except ConfigError as e:
             assert f"does not apply to model.kind={kind}" in str(e) and "\n" not in str(e), str(e)
             continue
-        final = tr.fit()
         assert torch.isfinite(torch.tensor(final["val_loss"]))
         ran.add(name)
     assert ran == APPLIES[kind]
@@ -154,7 +155,7 @@ def test_vit_runs_pld_and_random_ltd_plans(digits_dir):
                                                       "train.steps": 3})))
     plan = tr.plan(0, 0)
     assert plan.blocks[1].keep is not None and plan.blocks[1].keep.shape[1] < 17
-    full_flops = make_task(tr.cfg).micro_flops(Plan.full(3))
+    full_flops = make_task(tr.cfg).micro_flops(Plan.full(4))
     tr.fit()
     assert 0 < tr.state.flops < 3 * full_flops                # dropped blocks and tokens cost less
 
@@ -197,3 +198,37 @@ def test_train_and_compare_on_the_digits_configs(digits_dir, tmp_path):
     assert "val acc" in p.stdout and "bits/byte" not in p.stdout
     rows = {r["arm"]: r for r in json.loads((tmp_path / "cmp" / "summary.json").read_text())["rows"]}
     assert set(rows) == {"baseline", "sl", "bn"} and all(len(r["val_accs"]) == 2 for r in rows.values())
+
+
+def test_multilevel_operators_map_a_vit(digits_dir):
+    """Width de-coalescing preserves a ViT's function (as a GPT's), and coalescing undoes it exactly."""
+    from accellib.techniques import multilevel as ml
+    from accellib.vision import ViT
+    large = ModelConfig(kind="vit", n_layer=4, n_head=4, d_model=32, patch=2, seq_len=17)
+    width = ml.LevelMap(depth=False)
+    small_cfg = ml.coalesced_config(large, width=True, depth=False)
+    torch.manual_seed(0)
+    small = ViT(small_cfg, 1, 8, 10, 2)
+    with torch.no_grad():
+        for p in small.parameters():
+            p.add_(0.1 * torch.randn_like(p))                # LayerNorms, biases, class token off their init
+    big_sd = ml.decoalesce(small.state_dict(), large, width)
+    big = ViT(large, 1, 8, 10, 2)
+    big.load_state_dict(big_sd, strict=True)
+    x = torch.randn(5, 1, 8, 8)
+    torch.testing.assert_close(big.eval()(x), small.eval()(x), rtol=0, atol=1e-5)
+    back, cfg = ml.coalesce(big_sd, large, width)
+    assert cfg == small_cfg and all(torch.allclose(back[k], v, atol=1e-7) for k, v in small.state_dict().items())
+
+
+@pytest.mark.timeout(300)
+def test_vcycle_trains_a_vit(digits_dir, tmp_path):
+    from accellib.techniques.vcycle import plan_stages, stage_flops
+    from accellib.train import training_function
+    cfg = image_cfg(digits_dir, **dict(VIT, **{"model.n_head": 4, "optim.name": "adamw",
+                                               "train.steps": 8, "train.eval_every": 4, "multilevel.enabled": "true",
+                                               "multilevel.rewarm_steps": 1}))
+    final = training_function(cfg, tmp_path / "v")
+    assert 0.0 <= final["val_acc"] <= 1.0
+    assert final["flops"] == pytest.approx(sum(stage_flops(cfg, plan_stages(cfg))))
+    assert [d for d in (tmp_path / "v").iterdir() if d.name.startswith("stage_")]

@@ -81,7 +81,7 @@ def depth_matrices(n_large: int, factor: int = 2, pairing: str = "adjacent") -> 
 
 # ----------------------------------------------------------------------------- configs
 def check_coalescable(cfg: ModelConfig, factor: int = 2, width: bool = True, depth: bool = True) -> None:
-    if cfg.tie_head:
+    if cfg.tie_head and cfg.kind in ("gpt", "mlm"):
         raise MultiLevelError("multi-level training needs an untied LM head: set model.tie_head=false "
                               "(with a tied head width de-coalescing doubles every logit)")
     if width and cfg.n_head % factor:
@@ -105,7 +105,14 @@ def coalesced_config(cfg: ModelConfig, factor: int = 2, width: bool = True, dept
 # or consumes ("in") it. Spaces: h = residual width (head chunks), qkv = 3 stacked h's, f = FFN.
 def _width_roles(name: str) -> list[tuple[int, str, str]]:
     leaf = name.split(".")
-    kind, what = leaf[-2], leaf[-1]
+    what = leaf[-1]
+    if what in ("cls", "pos"):                      # ViT (1, 1 or n, d): the stream's units, last
+        return [(2, "h", "out")]
+    kind = leaf[-2]
+    if kind == "patch":                             # ViT patch embedding: conv (d, C, p, p), bias (d,)
+        return [(0, "h", "out")]
+    if kind == "head":                              # ViT classifier (classes, d): inputs summed
+        return [(1, "h", "in")] if what == "weight" else []
     if kind in ("wte", "wpe"):                      # (V or T, d): columns are the stream's units
         return [(1, "h", "out")]
     if kind in ("ln_1", "ln_2", "ln_f"):            # (d,)
@@ -133,8 +140,10 @@ def _width_maps(large: ModelConfig, factor: int, pairing: str) -> dict[str, tupl
 
 
 def _along(M: torch.Tensor, W: torch.Tensor, dim: int) -> torch.Tensor:
-    """Apply M (n_new, n_old) to dimension `dim` of W."""
+    """Apply M (n_new, n_old) to dimension `dim` of W: the first, or the last."""
     M = M.to(W.dtype)
+    if dim == 0 and W.dim() > 2:                    # a conv kernel (out, in, kh, kw): its rows
+        return (M @ W.reshape(W.shape[0], -1)).reshape(M.shape[0], *W.shape[1:])
     return M @ W if dim == 0 else W @ M.T
 
 
@@ -286,7 +295,8 @@ class MultiLevel(Technique):
     """Config section `multilevel`. The V-cycle trains several models in sequence, so it is driven
     by `accellib.techniques.vcycle.run_vcycle` (one Trainer per stage), not from inside a Trainer."""
     name = "multilevel"
-    needs = "the language model's parameter names (the coalescing maps are written for them)"
+    kinds = ("gpt", "mlm", "vit")
+    needs = "transformer blocks (the coalescing maps are written for them)"
     Config = MultiLevelConfig
 
     def setup(self, trainer) -> None:

@@ -40,10 +40,9 @@ from typing import Optional
 import torch
 import yaml
 
-from .. import flops as F
 from ..config import ConfigError, RunConfig
-from ..data import TokenData, load_token_data
-from ..model import ModelConfig, Transformer
+from ..model import ModelConfig, num_params
+from ..tasks import is_image_kind, make_task
 from ..records import read_metrics, write_json, write_record
 from .multilevel import coalesce, decoalesce, interpolate, level_configs
 
@@ -86,18 +85,18 @@ def stage_flops(cfg: RunConfig, stages: list[Stage], world: int = 1) -> list[flo
     """Analytic training FLOPs of each stage (all processes), as the Trainer counts them."""
     _need_vocab(cfg)
     t = cfg.train
-    return [float(s.steps * world * t.grad_accum * F.train_step_flops(s.model, t.batch_size, s.model.seq_len))
+    return [float(s.steps * world * t.grad_accum * make_task(stage_config(cfg, s)).micro_flops(None))
             for s in stages]
 
 
 def baseline_flops(cfg: RunConfig, world: int = 1) -> float:
     _need_vocab(cfg)
     t = cfg.train
-    return float(t.steps * world * t.grad_accum * F.train_step_flops(cfg.model, t.batch_size, cfg.model.seq_len))
+    return float(t.steps * world * t.grad_accum * make_task(cfg).micro_flops(None))
 
 
 def _need_vocab(cfg: RunConfig) -> None:
-    if cfg.model.vocab_size == 0:  # the head's FLOPs would silently be counted as 0
+    if cfg.model.vocab_size == 0 and not is_image_kind(cfg.model.kind):  # the head's FLOPs would be counted as 0
         raise ConfigError("model.vocab_size is 0: set it, or load the data first (run_vcycle fills it "
                           "from the data's meta.json)")
 
@@ -188,7 +187,7 @@ def _stage_input(out: Path, stages: list[Stage], st: Stage, cache: dict, alpha: 
 
 
 # ----------------------------------------------------------------------------- the driver
-def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Optional[TokenData] = None) -> dict:
+def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None) -> dict:
     """Train the whole V-cycle of `cfg` into `out` (works under `accelerate launch`, torchrun,
     `accellib.launch.launch_processes` and `notebook_launcher`); returns the final metrics (cumulative tokens,
     FLOPs and wall, global step) on every process."""
@@ -199,9 +198,9 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
     ml = cfg.techniques["multilevel"]
     if not ml.enabled:
         raise ConfigError("run_vcycle needs multilevel.enabled=true (see configs/multilevel_tiny.yaml)")
-    data = data if data is not None else load_token_data(cfg.data.path)
-    if cfg.model.vocab_size == 0:
-        cfg.model.vocab_size = data.vocab_size
+    task = make_task(cfg, data)
+    task.configure()                                              # vocab_size (language), seq_len (ViT)
+    data = task.data
     stages = plan_stages(cfg)
     m = ml.level_map()
     err, progress = main_decides(lambda: _start_or_resume(out, stages, resume))  # rank 0 reads, all obey
@@ -231,11 +230,12 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
             continue
         started = (sdir / "checkpoints" / "last").exists() or (sdir / "checkpoints" / ".old").exists()
         map_s = 0.0
+        build = make_task(stage_config(cfg, st), data).build_model
         if st.index == 0:
             torch.manual_seed(cfg.train.seed)                      # the baseline's initialisation
-            model = Transformer(st.model)
+            model = build()
         else:
-            model = Transformer(st.model)
+            model = build()
             if not started:                                        # (a resumed stage loads its checkpoint)
                 sd, map_s = _stage_input(out, stages, st, cache, ml.alpha, m)
                 model.load_state_dict(sd, strict=True)
@@ -246,8 +246,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
                 setattr(tr.state, k, v + (map_s if k == "wall" else 0))
             if st.index > 0:                                       # the loss right after the transition
                 ev = tr.evaluate()
-                progress["start"][key] = dict(val_loss=round(ev["val_loss"], 5), val_bpb=round(ev["val_bpb"], 5),
-                                              tokens=tr.state.tokens, flops=tr.state.flops, wall=round(tr.state.wall, 4))
+                progress["start"][key] = dict({k: round(v, 5) for k, v in ev.items()}, tokens=tr.state.tokens, flops=tr.state.flops, wall=round(tr.state.wall, 4))
                 if ps.is_main_process:
                     write_json(out / "vcycle.json", progress)
         rec = tr.fit(resume=started)
@@ -271,7 +270,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data: Opti
         del tr, model
     if ps.is_main_process:
         write_combined_metrics(out, stages, progress)
-        write_record(out, cfg.to_dict(), final, params=Transformer(cfg.model).num_params(),
+        write_record(out, cfg.to_dict(), final, params=num_params(make_task(cfg, data).build_model()),
                      stage_flops=stage_flops(cfg, stages, ps.num_processes),
                      baseline_flops=baseline_flops(cfg, ps.num_processes))
     ps.wait_for_everyone()
