@@ -232,3 +232,18 @@ def test_vcycle_trains_a_vit(digits_dir, tmp_path):
     assert 0.0 <= final["val_acc"] <= 1.0
     assert final["flops"] == pytest.approx(sum(stage_flops(cfg, plan_stages(cfg))))
     assert [d for d in (tmp_path / "v").iterdir() if d.name.startswith("stage_")]
+
+
+@pytest.mark.timeout(300)
+def test_kill9_mid_run_then_resume_matches_the_uninterrupted_run(digits_dir, tmp_path):
+    from accellib.records import read_metrics
+    from accellib.train import main
+    from conftest import kill9_after
+    kw = dict(SL, **{"train.steps": 400, "train.checkpoint_every": 10, "train.eval_every": 100})
+    assert main(["--out", str(tmp_path / "full"), *image_overrides(digits_dir, **kw)]) == 0
+    run = tmp_path / "part"
+    kill9_after(["--out", str(run), *image_overrides(digits_dir, **kw)], run, 30, tmp_path)
+    assert len(read_metrics(run)) < 400                       # killed before the end
+    assert main(["--resume", str(run)]) == 0
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "full"))
