@@ -247,3 +247,10 @@ def test_kill9_mid_run_then_resume_matches_the_uninterrupted_run(digits_dir, tmp
     assert main(["--resume", str(run)]) == 0
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
     assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "full"))
+
+
+def test_pld_expected_flops_count_the_vit_outside_its_blocks(digits_dir):
+    tr = Trainer(image_cfg(digits_dir, **dict(VIT, **{"pld.enabled": "true", "pld.theta_bar": 1.0, "pld.gamma": 0.0})))
+    tr.fit()
+    pld = next(t for t in tr.techniques if t.name == "pld")
+    assert pld.metrics(tr.state)["expected_flops"] == tr.state.flops   # nothing dropped: expected = counted

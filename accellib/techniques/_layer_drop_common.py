@@ -120,6 +120,14 @@ class LayerDropTechnique(Technique):
     def setup(self, trainer) -> None:
         self.world = trainer.accelerator.num_processes
         self._block_params = [p for p in trainer.raw_model.blocks.parameters() if p.requires_grad]
+        # forward FLOPs of one sequence outside the blocks: the LM head, or (ViT) the task's count with no block run
+        m = self.run_cfg.model
+        if m.kind in ("gpt", "mlm"):
+            self._outside = head_forward_flops(m, m.seq_len)
+        else:
+            from ..model import BlockPlan, Plan
+            none = Plan([BlockPlan(run=False) for _ in range(m.n_layer)])
+            self._outside = trainer.task.micro_flops(none) / (3 * self.run_cfg.train.batch_size)
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
         probs = self.keep_probs(step)
@@ -146,7 +154,7 @@ class LayerDropTechnique(Technique):
         m, B = self.run_cfg.model, self.run_cfg.train.batch_size
         T = m.seq_len
         # E[FLOPs] = 3 B (sum_l p_l * block(T) + head(T)) per micro-batch, x micro-batches x ranks
-        per_mb = 3 * B * (e * block_forward_flops(m, T) + head_forward_flops(m, T))
+        per_mb = 3 * B * (e * block_forward_flops(m, T) + self._outside)
         self.expected_flops += self.world * n_micro * per_mb
 
     def metrics(self, state) -> dict:
