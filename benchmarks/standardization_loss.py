@@ -17,7 +17,7 @@ norm shift only; plain SGD, batch 128, weight decay 4e-5, 1000 steps, constant L
   transformer our variant (not in the paper), configs/tutorial.yaml: LN (the tutorial baseline) vs no LN vs
               no LN + SL on each MLP's c_fc pre-activation; a 1-seed pilot over w picks the weight, then 3 seeds
 
-    python benchmarks/standardization_loss.py --jobs 2     # about 17 minutes on a busy 2-core box: results/standardization_loss_cpu.json
+    python benchmarks/standardization_loss.py --jobs 2     # 5.5 min on 2 idle cores (17 min on a busy box): results/standardization_loss_cpu.json
     python benchmarks/standardization_loss.py --quick      # smoke run (40 steps, 1-2 seeds): runs/standardization_loss_quick/
 """
 from __future__ import annotations
