@@ -47,6 +47,11 @@ def draw_references(ax, references: dict[str, float] | None) -> None:
         ax.axhline(v, color="#999999", lw=1, ls=REFERENCE_STYLE.get(name, "-."), label=f"{name} model", zorder=0)
 
 
+def _unit(runs: dict[str, list[dict]]) -> str:
+    """What a loss is averaged over: images for an image task (its records carry val_acc), else tokens."""
+    return "image" if any("val_acc" in r for recs in runs.values() for r in recs) else "token"
+
+
 def plot_val_curves(runs: dict[str, list[dict]], xs=("flops", "wall"), title=None, references=None):
     """Validation loss of several runs against each x in `xs`, one panel per x. `runs` maps a label to
     its metrics.jsonl records; labels 'arm/seed<k>' draw every seed of an arm in the arm's colour,
@@ -64,7 +69,7 @@ def plot_val_curves(runs: dict[str, list[dict]], xs=("flops", "wall"), title=Non
                 seen.add(arm)
         draw_references(ax, references)
         ax.set_xlabel(X_LABELS.get(x, x))
-        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_ylabel(f"validation loss (nats/{_unit(runs)})")
     axes[0][0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
@@ -87,7 +92,7 @@ def plot_training(runs: dict[str, list[dict]], references=None, title=None):
         axes[1].plot([r["step"] for r in tr], [r.get("grad_norm", float("nan")) for r in tr], color=c, lw=1, label=label)
         axes[2].plot([r["step"] for r in tr], [r["lr"] for r in tr], color=c, lw=1, label=label)
     draw_references(axes[0], references)
-    axes[0].set_ylabel("loss (nats/token)")
+    axes[0].set_ylabel(f"loss (nats/{_unit(runs)})")
     axes[1].set_ylabel("max grad-norm per log window")
     axes[1].set_yscale("log")
     axes[2].set_ylabel("learning rate")

@@ -14,6 +14,7 @@ norm shift only; plain SGD, batch 128, weight decay 4e-5, 1000 steps, constant L
   batch       per-process batch 2, 8, 32, 128 for the three arms at lr 1e-2 and at lr 1e-3 (3 seeds), the same
               1000 steps for every batch (so the small batches see fewer examples), LR not rescaled
   to_target   from main and lr: the first evaluation step at which each seed reaches a target accuracy
+  timing      the paired step time of the three arms (the cost of the hooks and the moments)
   transformer our variant (not in the paper), configs/tutorial.yaml: LN (the tutorial baseline) vs no LN vs
               no LN + SL on each MLP's c_fc pre-activation; a 1-seed pilot over w picks the weight, then 3 seeds
 
@@ -105,6 +106,20 @@ def to_target(groups: dict[str, list[dict]], targets: dict[str, float]) -> dict:
     return out
 
 
+def step_timing(quick: bool) -> dict:
+    """Paired step time of the three digits arms (accellib.budget.paired_step_seconds: steps spread over the run,
+    interleaved rounds, ratios taken within each round), one thread, after the pool has finished."""
+    import torch
+    from accellib.budget import paired_step_seconds
+    from accellib.compare import arm_configs
+    torch.set_num_threads(1)
+    cfgs = arm_configs(DIGITS, list(ARMS), ["--train.progress=false", "--train.checkpoint_every=0"])
+    r = paired_step_seconds(cfgs, positions=4 if quick else 20, rounds=2 if quick else 7)
+    return dict(note="optimizer-step time of configs/digits_cnn.yaml's arms, median over interleaved rounds; ratio "
+                     "to the none arm", ms={a: round(1e3 * v, 3) for a, v in r["seconds"].items()},
+                ratio={a: round(v, 3) for a, v in r["ratio"].items()}, rounds=r["rounds"], positions=r["positions"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2)
@@ -173,6 +188,7 @@ def main() -> int:
         done[g].sort(key=lambda r: (r["arm"], r["seed"]))
     done.setdefault("tf_noln_sl", []).insert(0, scores[w_tf])   # the pilot's seed is the chosen arm's first seed
     wall = time.perf_counter() - t0
+    timing = step_timing(q)
 
     def strip(r: dict) -> dict:
         return dict(status=r["status"], error=r["error"], final=r["final"], seconds=r["seconds"])
@@ -192,6 +208,7 @@ def main() -> int:
                environment=environment(), paper=PAPER,
                note="each run is one process with one torch thread; --jobs runs at once on a shared 2-core machine, "
                     "so per-run seconds are not timing measurements")
+    rec["timing"] = timing
     rec["main"] = part(main_g, "val_acc", steps + img, f"lr 1e-3 (the paper's protocol), {n_main} seeds")
     rec["lr1e-2"] = part(lr_g, "val_acc", steps + img + ["--optim.lr=1e-2"], f"lr 1e-2, {n_lr} seeds")
     rec["long"] = part(by_arm("long"), "val_acc", ["--train.steps=5000", "--train.eval_every=100"],
@@ -264,6 +281,8 @@ def main() -> int:
     lines.append(f"== transformer (ours), w = {w_tf:g}; pilot {ok}")
     lines.append(table([dict(arm=r["arm"], val_loss=fmt(r["val_loss"], r["val_loss_sd"]),
                              seeds=r["seeds"], diverged=r["diverged"]) for r in rec["transformer"]["rows"]]))
+    lines.append(f"== step time (paired, {timing['rounds']} rounds): "
+                 + ", ".join(f"{LABEL[a]} {timing['ms'][a]:.2f} ms ({timing['ratio'][a]:.2f}x)" for a in ARMS))
     rec["table"] = "\n".join(lines)
     print(rec["table"])
     out = runs / "standardization_loss_cpu.json" if q else ROOT / "results" / "standardization_loss_cpu.json"
