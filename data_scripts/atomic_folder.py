@@ -152,10 +152,12 @@ def check_target(out_dir: Path, known: set[str]) -> None:
     """Refuse to replace a folder that holds files other than `known`: the swap would delete them."""
     if os.path.lexists(out_dir) and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} exists and is not a folder: pass another --out")
-    if not out_dir.is_dir():
+    try:
+        names = [p.name for p in out_dir.iterdir()]
+    except (FileNotFoundError, NotADirectoryError):  # absent, or moved aside this instant by a racing rebuild
         return
-    other = sorted(p.name for p in out_dir.iterdir() if p.name not in known and not _LEFTOVER.fullmatch(p.name))
+    other = sorted(n for n in names if n not in known and not _LEFTOVER.fullmatch(n))
     if other:
-        raise FileExistsError(f"{out_dir} holds files that are not token data ({', '.join(other[:3])}"
+        raise FileExistsError(f"{out_dir} holds files that are not part of the dataset ({', '.join(other[:3])}"
                               f"{', ...' if len(other) > 3 else ''}), which a rebuild would delete: "
                               f"move them away or pass another --out; nothing was changed")
