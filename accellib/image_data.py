@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,17 +264,10 @@ def write_image_folder(out_dir: str | Path, splits: dict[str, tuple[np.ndarray, 
     files, n_classes = _check_splits(splits, meta_extra)
     x = files["train_x.npy"]
     mean, std = channel_stats(x)
-    given = Path(out_dir)
-    out_dir = given.resolve() if given.is_symlink() else given  # a link to a data disk stays a link
-    af.recover(out_dir)
-    af.check_target(out_dir, tc.dataset_files(out_dir) | set(FILES))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = af.sibling(out_dir, "tmp")
-    stage.mkdir()
-    try:
+    with af.staged_folder(out_dir, tc.dataset_files(Path(out_dir)) | set(FILES)) as stage:
         sha = {}
         for name, arr in files.items():
-            f = tc._Staged(stage, name)  # hashes what it writes, fsyncs on close
+            f = af.StagedFile(stage, name)  # hashes what it writes, fsyncs on close
             np.save(f, arr, allow_pickle=False)
             f.close()
             sha[name] = f.sha.hexdigest()
@@ -283,16 +275,7 @@ def write_image_folder(out_dir: str | Path, splits: dict[str, tuple[np.ndarray, 
                 "image_size": x.shape[2], "n_classes": n_classes, "n_train": len(x),
                 "n_val": len(files["val_x.npy"]), "mean": mean, "std": std, "sha256": sha,
                 "created_by": created_by, **meta_extra}
-        f = tc._Staged(stage, "meta.json")  # last: a folder with a valid meta is complete
-        f.write((json.dumps(meta, indent=2) + "\n").encode())
-        f.close()
-        af.fsync_dir(stage)
-        af.crash_point("staged")
-        af.swap_in(stage, out_dir)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    af.fsync_dir(out_dir.parent)
+        af.write_meta(stage, meta)
     return meta
 
 

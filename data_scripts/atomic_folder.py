@@ -3,17 +3,22 @@
 The complete new contents are staged in a hidden sibling, <parent>/.<name>.tmp-<pid>-<rand>, and then
 swapped with the old folder (`swap_in`): atomically with Linux's renameat2(RENAME_EXCHANGE), elsewhere
 with two renames whose one unsafe moment `recover` repairs. `recover` also deletes what dead writers
-left behind; both prepare scripts run it first. Used for token datasets (tokenize_corpus.py).
+left behind; both prepare scripts run it first. `staged_folder` is the whole protocol, used by the token
+datasets (tokenize_corpus.py) and the image folders (accellib/image_data.py); `StagedFile` writes one file.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
+import json
 import os
 import re
 import shutil
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def fsync_dir(path: Path) -> None:
@@ -55,6 +60,56 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):  # e.g. a filesystem without RENAME_EXCHANGE
         return False
     raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+class StagedFile:
+    """One file of a staged dataset; hashes what it writes and fsyncs it on close."""
+
+    def __init__(self, stage: Path, name: str):
+        self.name, self.n_bytes, self.sha = name, 0, hashlib.sha256()
+        self.f = open(stage / name, "xb")
+
+    def write(self, data) -> None:
+        data = memoryview(data).cast("B")  # numpy arrays and bytes alike
+        self.f.write(data)
+        self.sha.update(data)
+        self.n_bytes += len(data)
+
+    def close(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+def write_meta(stage: Path, meta: dict) -> None:
+    """meta.json, the staged dataset's last file: a folder with a valid meta.json is complete."""
+    f = StagedFile(stage, "meta.json")
+    f.write((json.dumps(meta, indent=2) + "\n").encode())
+    f.close()
+
+
+@contextmanager
+def staged_folder(out_dir: str | Path, known: set[str]) -> Iterator[Path]:
+    """Yield an empty staging folder for `out_dir`; when the block ends normally, swap it in as the new
+    `out_dir` (after fsync), and on any exception (or kill) delete it, leaving `out_dir` as it was.
+    Leftovers of dead writers are recovered first; a folder holding files outside `known` is refused
+    (the swap would delete them). A symlinked `out_dir` (a link to a data disk) stays a link."""
+    given = Path(out_dir)
+    out_dir = given.resolve() if given.is_symlink() else given
+    recover(out_dir)
+    check_target(out_dir, known)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = sibling(out_dir, "tmp")
+    stage.mkdir()
+    try:
+        yield stage
+        fsync_dir(stage)
+        crash_point("staged")
+        swap_in(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    fsync_dir(out_dir.parent)
 
 
 def swap_in(stage: Path, out_dir: Path) -> None:

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from data_scripts import atomic_folder
-from data_scripts.atomic_folder import check_target, fsync_dir, recover, sibling, swap_in
+from data_scripts.atomic_folder import StagedFile, check_target, recover, staged_folder, write_meta
 
 FORMAT_VERSION = 1
 BYTE_VOCAB = 256  # byte ids 0..255; id 256 is [MASK]
@@ -129,25 +126,6 @@ def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-class _Staged:
-    """One file of the staged dataset; hashes what it writes and fsyncs it on close."""
-
-    def __init__(self, stage: Path, name: str):
-        self.name, self.n_bytes, self.sha = name, 0, hashlib.sha256()
-        self.f = open(stage / name, "xb")
-
-    def write(self, data) -> None:
-        data = memoryview(data).cast("B")  # numpy arrays and bytes alike
-        self.f.write(data)
-        self.sha.update(data)
-        self.n_bytes += len(data)
-
-    def close(self) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-
-
 def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray], val_chunks: Iterable[np.ndarray],
                         meta_extra: dict | Callable[[int, int], dict],
                         extra_files: dict[str, bytes] | None = None) -> Path:
@@ -156,17 +134,10 @@ def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray],
 
     `meta_extra` may be a callable meta_extra(n_train, n_val) -> dict, called once both streams are
     consumed (so it can report what was counted while streaming, e.g. characters per token)."""
-    given = Path(out_dir)
-    out_dir = given.resolve() if given.is_symlink() else given  # a link to a data disk stays a link
-    recover(out_dir)
-    check_target(out_dir, dataset_files(out_dir))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = sibling(out_dir, "tmp")
-    stage.mkdir()
-    try:
+    with staged_folder(out_dir, dataset_files(Path(out_dir))) as stage:
         counts, sha, top = {}, {}, -1
         for split, chunks in zip(SPLITS, (train_chunks, val_chunks)):
-            s = _Staged(stage, f"{split}.bin")
+            s = StagedFile(stage, f"{split}.bin")
             for ids in chunks:
                 ids = np.ascontiguousarray(ids)
                 if ids.dtype != np.uint16:
@@ -176,7 +147,7 @@ def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray],
             s.close()
             counts[split], sha[s.name] = s.n_bytes // 2, s.sha.hexdigest()
         for name, data in (extra_files or {}).items():
-            s = _Staged(stage, name)
+            s = StagedFile(stage, name)
             s.write(data)
             s.close()
             sha[name] = s.sha.hexdigest()
@@ -188,17 +159,8 @@ def write_token_streams(out_dir: str | Path, train_chunks: Iterable[np.ndarray],
         if "vocab_size" in meta and top >= meta["vocab_size"]:
             raise ValueError(f"token id {top} is not below vocab_size {meta['vocab_size']}: "
                              f"the tokenizer and the meta disagree")
-        s = _Staged(stage, "meta.json")  # last: a folder with a valid meta is complete
-        s.write((json.dumps(meta, indent=2) + "\n").encode())
-        s.close()
-        fsync_dir(stage)
-        atomic_folder.crash_point("staged")
-        swap_in(stage, out_dir)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    fsync_dir(out_dir.parent)
-    return given
+        write_meta(stage, meta)
+    return Path(out_dir)
 
 
 def write_token_dataset(out_dir: str | Path, train_ids: np.ndarray, val_ids: np.ndarray, meta_extra: dict,
