@@ -128,6 +128,12 @@ def _parse_meta(data_dir: Path) -> tuple[dict, str, dict[str, int], tuple[int, i
     return meta, fix, counts, shape
 
 
+def image_shape(path: str | Path) -> tuple[int, int, int]:
+    """(channels, image_size, n_classes) of an image folder from its meta.json alone (no array is opened or
+    hashed): what building a model or counting its FLOPs needs. DataError if the meta is unusable."""
+    return _parse_meta(Path(path))[3]
+
+
 def _open(path: Path, dtype, shape: tuple, fix: str) -> np.ndarray:
     if not path.is_file():
         raise DataError(f"{path} is missing: {fix}")

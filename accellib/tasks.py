@@ -31,7 +31,6 @@ from .config import ConfigError
 from .data import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
 from .model import Plan, Transformer
 
-LM_KINDS = ("gpt", "mlm")
 IMAGE_KINDS = ("vit", "cnn", "mlp")
 
 
@@ -146,10 +145,17 @@ class ImageTask(_Task):
                                   f"of {self.cfg.data.path}; choose a divisor of {d.image_size}")
             m.seq_len = (d.image_size // m.patch) ** 2 + 1  # the patches and the class token
 
+    def _shape(self) -> tuple[int, int, int]:
+        """(channels, image_size, n_classes): from the opened data, else from meta.json only (so counting
+        FLOPs, e.g. compare's budgets and the V-cycle's ledger, never reads or hashes the images)."""
+        if self._data is not None:
+            return self._data.channels, self._data.image_size, self._data.n_classes
+        from .image_data import image_shape
+        return image_shape(self.cfg.data.path)
+
     def build_model(self) -> torch.nn.Module:
         from .vision import build_model
-        d = self.data
-        return build_model(self.cfg.model, d.channels, d.image_size, d.n_classes)
+        return build_model(self.cfg.model, *self._shape())
 
     def sample(self, g: torch.Generator):
         from .image_data import image_batch
@@ -180,8 +186,8 @@ class ImageTask(_Task):
         """(FLOPs of one image's forward pass outside the ViT blocks, of one full-length block); counted
         on a fresh model by accellib.vision.forward_flops (for a ViT, minus its blocks' analytic count)."""
         from .vision import forward_flops
-        d, m = self.data, self.cfg.model
-        total = forward_flops(self.build_model(), torch.zeros(1, d.channels, d.image_size, d.image_size))
+        (c, s, _), m = self._shape(), self.cfg.model
+        total = forward_flops(self.build_model(), torch.zeros(1, c, s, s))
         if m.kind != "vit":
             return total, 0
         block = F.block_forward_flops(m, m.seq_len)

@@ -38,14 +38,14 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     out = Path(out)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     from .tasks import make_task
-    from .techniques import REGISTRY, check_applicable
-    check_applicable([REGISTRY[n] for n in cfg.enabled()], cfg.model.kind)  # before the V-cycle plans stages
     task = make_task(cfg)
     data = task.data
     ml = cfg.techniques.get("multilevel")
     vcycle = ml is not None and ml.enabled
     if vcycle:  # the V-cycle drives one trainer per stage itself; planning it validates it
+        from .techniques import REGISTRY, check_applicable
         from .techniques.vcycle import plan_stages, run_vcycle
+        check_applicable([REGISTRY[n] for n in cfg.enabled()], cfg.model.kind)  # (a Trainer checks the others)
         task.configure()
         plan_stages(cfg)
     else:

@@ -12,12 +12,10 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .model import Block, ModelConfig, Plan, PreAct, init_weights, layer_norm, run_block
+from .model import Block, ModelConfig, Plan, PreAct, SelfAttention, init_weights, layer_norm, run_block
 
 NORMS = ("none", "batch", "layer", "group")
-KINDS = ("cnn", "mlp", "vit")
 
 
 def norm_layer(kind: str, channels: int, spatial: bool) -> nn.Module:
@@ -111,11 +109,7 @@ def build_model(cfg: ModelConfig, channels: int, image_size: int, n_classes: int
         return MLPNet(channels * image_size * image_size, n_classes, cfg.norm)
     if cfg.kind == "vit":
         return ViT(cfg, channels, image_size, n_classes, cfg.patch)
-    raise ValueError(f"model.kind={cfg.kind!r} is not an image classifier ({', '.join(KINDS)})")
-
-
-def classification_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), y)
+    raise ValueError(f"model.kind={cfg.kind!r} is not an image classifier (cnn, mlp or vit)")
 
 
 @torch.no_grad()
@@ -138,7 +132,7 @@ def forward_flops(model: nn.Module, example: torch.Tensor) -> int:
         B, T, C = i[0].shape
         total += 4 * B * T * T * C        # scores and weights x V over the full square
     hooks = [m.register_forward_hook(conv if isinstance(m, nn.Conv2d) else lin if isinstance(m, nn.Linear) else attn)
-             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)) or type(m).__name__ == "SelfAttention"]
+             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, SelfAttention))]
     was = model.training
     model.eval()
     try:

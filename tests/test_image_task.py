@@ -254,3 +254,18 @@ def test_pld_expected_flops_count_the_vit_outside_its_blocks(digits_dir):
     tr.fit()
     pld = next(t for t in tr.techniques if t.name == "pld")
     assert pld.metrics(tr.state)["expected_flops"] == tr.state.flops   # nothing dropped: expected = counted
+
+
+def test_counting_flops_reads_only_the_meta(digits_dir, tmp_path):
+    # compare's FLOPs budget counts plans many times over (a binary search on steps) and the V-cycle counts
+    # every stage: that must not open or hash the images each time
+    import shutil
+    folder = tmp_path / "meta_only"
+    folder.mkdir()
+    shutil.copy(digits_dir / "meta.json", folder / "meta.json")
+    cfg = image_cfg(folder, **{"model.kind": "vit", "model.patch": 2, "model.n_layer": 2, "model.seq_len": 17})
+    full = make_task(load_config(None, image_overrides(digits_dir, **{"model.kind": "vit", "model.patch": 2,
+                                                                       "model.n_layer": 2, "model.seq_len": 17})))
+    assert make_task(cfg).micro_flops(Plan.full(2)) == full.micro_flops(Plan.full(2)) > 0
+    with pytest.raises(DataError, match="is missing"):
+        make_task(cfg).data                                     # training still opens (and checks) everything

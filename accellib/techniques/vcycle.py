@@ -246,7 +246,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
                 setattr(tr.state, k, v + (map_s if k == "wall" else 0))
             if st.index > 0:                                       # the loss right after the transition
                 ev = tr.evaluate()
-                progress["start"][key] = dict({k: round(v, 5) for k, v in ev.items()}, tokens=tr.state.tokens, flops=tr.state.flops, wall=round(tr.state.wall, 4))
+                progress["start"][key] = dict({k: round(v, 5) for k, v in ev.items()}, tokens=tr.state.tokens,
+                                              flops=tr.state.flops, wall=round(tr.state.wall, 4))
                 if ps.is_main_process:
                     write_json(out / "vcycle.json", progress)
         rec = tr.fit(resume=started)
