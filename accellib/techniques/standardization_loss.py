@@ -58,7 +58,7 @@ class StandardizationLoss(Technique):
         self.terms: list[torch.Tensor] = []
         self.handles = []
         self.last = 0.0          # sum of L_std over the hooked layers, mean over the step's micro-batches
-        self._step_sums: list[float] = []
+        self._step_sums: list[torch.Tensor] = []
 
     def setup(self, trainer) -> None:
         markers = [m for m in trainer.raw_model.modules() if isinstance(m, PreAct)]
@@ -67,6 +67,9 @@ class StandardizationLoss(Technique):
             raise ConfigError(f"standardization_loss.layers={self.cfg.layers} but the model has {len(markers)} "
                               f"pre-activation(s) (indices 0..{len(markers) - 1})")
         self.handles = [markers[i].register_forward_hook(self._record) for i in chosen]
+        # every forward of the whole model starts with no terms: a training-mode forward outside a step
+        # (a student looking at the logits) must not add its L_std to the next step's loss
+        trainer.raw_model.register_forward_pre_hook(lambda module, args: self.terms.clear())
 
     def _record(self, module, inputs, out) -> None:
         if module.training and torch.is_grad_enabled():
@@ -76,7 +79,7 @@ class StandardizationLoss(Technique):
         if not self.terms:
             return None
         total = torch.stack(self.terms).sum()
-        self.terms = []
+        self.terms.clear()
         self._step_sums.append(total.detach())
         return self.cfg.weight * total
 
