@@ -91,6 +91,10 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         if k != "vocab_size" and getattr(stored.model, k) != v:
             raise ConfigError(f"--model.{k}={v} changes the model of the run being resumed ({run_dir} has "
                               f"model.{k}={getattr(stored.model, k)}); drop it, or start a new run with --out")
+    if cfg.optim.name != stored.optim.name:  # the checkpoint holds that optimizer's state (AdamW moments, SGD momentum)
+        raise ConfigError(f"--optim.name={cfg.optim.name} changes the optimizer of the run in {run_dir} (it has "
+                          f"optim.name={stored.optim.name}, whose state the checkpoint holds); drop it, or start a "
+                          "new run with --out")
     # the checkpoint holds the state of exactly the techniques the run had, and an engine's files are
     # per process of its own split: neither can change under a resume
     if cfg.enabled() != stored.enabled():

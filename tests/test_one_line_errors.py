@@ -55,6 +55,12 @@ def test_resume_with_a_shape_changing_override(finished_run, capsys):
     assert "--model.d_model=64 changes the model" in err and "model.d_model=32" in err
 
 
+def test_resume_with_another_optimizer(finished_run, capsys):
+    # before: a traceback (KeyError: 'dampening') once the AdamW param groups reached SGD's step
+    err = one_line(capsys, ["--resume", str(finished_run), "--optim.name=sgd", "--train.steps=20"])
+    assert "--optim.name=sgd changes the optimizer" in err and "optim.name=adamw" in err
+
+
 def test_out_is_a_file(tiny_data_dir, tmp_path, capsys):
     (tmp_path / "f").write_text("keep me")
     assert "is a file" in one_line(capsys, ["--out", str(tmp_path / "f")] + tiny_overrides(tiny_data_dir))
