@@ -235,7 +235,7 @@ def crossing(recs: list[dict], target: float, x: str) -> float:
     return math.inf
 
 
-def _mean_sd(v: list[float]) -> tuple[float, float]:
+def mean_sd(v: list[float]) -> tuple[float, float]:
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
 
 
@@ -265,8 +265,8 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
         paired = [lb for lb in labels if seed_of(lb) in target]  # seeds whose baseline has finished
         hit_f = [crossing(recs[lb], target[seed_of(lb)], "flops") / bflops for lb in paired] or [math.nan]
         hit_w = [crossing(recs[lb], target[seed_of(lb)], "wall") / bwall for lb in paired] or [math.nan]
-        loss, loss_sd = _mean_sd([results[lb]["val_loss"] for lb in labels])
-        wall, wall_sd = _mean_sd([results[lb]["wall"] for lb in labels])
+        loss, loss_sd = mean_sd([results[lb]["val_loss"] for lb in labels])
+        wall, wall_sd = mean_sd([results[lb]["wall"] for lb in labels])
         flops = statistics.fmean(results[lb]["flops"] for lb in labels)
         rows.append(dict(arm=arm, seeds=len(labels), steps=statistics.fmean(results[lb]["step"] for lb in labels),
                          val_loss=loss, val_loss_sd=loss_sd,
@@ -284,7 +284,7 @@ def _task_metric(results: dict, labels: list[str]) -> dict:
     """The task's second validation metric over an arm's seeds: bits per byte (language) or accuracy
     (images, mean and sd)."""
     if "val_acc" in results[labels[0]]:
-        acc, acc_sd = _mean_sd([results[lb]["val_acc"] for lb in labels])
+        acc, acc_sd = mean_sd([results[lb]["val_acc"] for lb in labels])
         return dict(val_acc=acc, val_acc_sd=acc_sd, val_accs=[results[lb]["val_acc"] for lb in labels])
     return dict(bits_per_byte=statistics.fmean(results[lb]["val_bpb"] for lb in labels))
 

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 
-from accellib.compare import arm_configs  # noqa: E402
+from accellib.compare import arm_configs, mean_sd  # noqa: E402
 from accellib.numerics.formats import E5M2, E6M9  # noqa: E402
 from accellib.numerics.linear import LowpGemms, emulated_linear  # noqa: E402
 from accellib.records import environment, table, write_json  # noqa: E402
@@ -85,7 +85,8 @@ def gaps(summary: dict, seeds: int) -> dict:
 
     def paired(a: str, b: str) -> dict:
         d = [x - y for x, y in zip(per[a], per[b])]
-        return dict(mean=statistics.mean(d), sd=statistics.stdev(d) if len(d) > 1 else 0.0, per_seed=d)
+        mean, sd = mean_sd(d)
+        return dict(mean=mean, sd=sd, per_seed=d)
     out = {a: paired(a, "baseline") for a in per if a != "baseline"}
     if {"fp8_naive", "fp8_chunk64", "fp8_chunk64_rne"} <= set(per):
         out["naive_minus_chunked"] = paired("fp8_naive", "fp8_chunk64")

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from accellib.compare import mean_sd  # noqa: E402
 from accellib.records import environment, table, write_json  # noqa: E402
 
 DIGITS = ROOT / "configs" / "digits_cnn.yaml"
@@ -76,14 +77,10 @@ def run_one(job: dict) -> dict:
     return dict(job, status=status, error=error, final=final, curve=curve, seconds=round(time.perf_counter() - t0, 2))
 
 
-def _mean_sd(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def summarize(results: list[dict], metric: str) -> dict:
     """Mean ± sd of the final `metric` over a group's seeds that finished; diverged seeds are counted."""
     ok = [r["final"][metric] for r in results if r["status"] == "ok" and math.isfinite(r["final"][metric])]
-    mean, sd = _mean_sd(ok) if ok else (float("nan"), float("nan"))
+    mean, sd = mean_sd(ok) if ok else (float("nan"), float("nan"))
     return {metric: round(mean, 4), f"{metric}_sd": round(sd, 4), f"{metric}s": [round(x, 4) for x in ok],
             "seeds": len(results), "diverged": sum(r["status"] != "ok" for r in results)}
 
