@@ -107,6 +107,22 @@ def _child(rank: int, fn, args: tuple, world: int, port: int) -> None:
     fn(*args)
 
 
+def _free_port(lo: int = 20000, hi: int = 32000) -> int:
+    """A free TCP port for the group's rendezvous, drawn below Linux's ephemeral range (32768-60999). A port
+    from bind(("", 0)) is an ephemeral one: between its release and the store's bind, any outgoing connection
+    (gloo opens many, and so do concurrent tests) may take it, and the group then fails to form."""
+    import random
+    import socket
+    for port in random.Random().sample(range(lo, hi), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise LaunchError(f"no free TCP port in {lo}-{hi} for the process group")
+
+
 def launch_processes(fn, args: tuple = (), num_processes: int = 2, timeout_s: float = 300,
                      start_method: str = "fork") -> None:
     """Run fn(*args) on `num_processes` local CPU processes that form one gloo group, from a
@@ -114,13 +130,10 @@ def launch_processes(fn, args: tuple = (), num_processes: int = 2, timeout_s: fl
     running after `timeout_s` is killed and a LaunchError raised, so a cell or a CI job never
     hangs. A failing child re-raises its error here. "fork" lets notebook-defined functions run;
     use "spawn" for functions importable from a module when the parent holds threads or locks."""
-    import socket
     import time
 
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     ctx = mp.start_processes(_child, args=(fn, args, num_processes, port), nprocs=num_processes,
                              join=False, start_method=start_method)
     deadline = time.monotonic() + timeout_s

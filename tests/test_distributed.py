@@ -52,8 +52,9 @@ def _run(cmd, tmp_path, **env):
 @pytest.mark.timeout(300)
 def test_torchrun_cli_two_processes(tiny_data_dir, tmp_path):
     bindir = Path(sys.executable).parent
-    cmd = [str(bindir / "torchrun"), "--nproc_per_node", "2", "-m", "accellib.train", "--out",
-           str(tmp_path / "run")] + tiny_overrides(tiny_data_dir, **{"train.steps": 3})
+    from accellib.launch import _free_port  # torchrun's default port 29500 is shared by every concurrent test
+    cmd = [str(bindir / "torchrun"), "--nproc_per_node", "2", f"--master_port={_free_port()}", "-m",
+           "accellib.train", "--out", str(tmp_path / "run")] + tiny_overrides(tiny_data_dir, **{"train.steps": 3})
     p = _run(cmd, tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "2 process(es)" in p.stdout and p.stdout.count("final:") == 1

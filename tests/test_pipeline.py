@@ -71,7 +71,8 @@ def test_pipelined_run_resumes_exactly(tiny_data_dir, tmp_path):
 @pytest.mark.timeout(300)
 def test_torchrun_trainer_command_and_compare_arms(tiny_data_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    from accellib.launch import _free_port  # torchrun's default port 29500 is shared by every concurrent test
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}"]
     res = subprocess.run(torchrun + ["-m", "accellib.train", "--out", str(tmp_path / "run"), *tiny_overrides(
         tiny_data_dir, **{"train.steps": 3}), "--pipeline.schedule=looped_bfs"], env=env, cwd=tmp_path,
         capture_output=True, text=True, timeout=240)
