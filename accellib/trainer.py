@@ -296,6 +296,9 @@ class Trainer:
         acc.wait_for_everyone()
         if self.is_main:
             if last.exists():
+                # "last" only ever appears by an atomic rename of a finished temp folder, so when it
+                # exists it is whole; an ".old" beside it is a leftover of a kill after an earlier swap
+                shutil.rmtree(old, ignore_errors=True)
                 last.rename(old)
             tmp.rename(last)
             shutil.rmtree(old, ignore_errors=True)

@@ -263,3 +263,26 @@ def test_the_folder_lock_is_the_os_lock_not_the_file(tmp_path):
     assert f"another process (pid {os.getpid()}) is writing to {run}" in other.stdout, other.stdout + other.stderr
     unlock_run(run)
     assert not run.exists()                   # released, and the folder it made empty is gone
+
+
+@pytest.mark.parametrize("leftover", ["old_beside_last", "only_old", "half_written_tmp"])
+def test_every_crash_point_of_the_checkpoint_swap_resumes(tiny_cfg, tmp_path, leftover):
+    # save() swaps .tmp -> last through .old; a kill -9 can stop it between any two renames. CI once
+    # hit "old beside last" (killed after tmp -> last, before .old was removed) and the resumed run's
+    # next save died on rename(last, .old): Directory not empty
+    import shutil
+    kw = {"train.steps": 6, "train.checkpoint_every": 3, "train.eval_every": 3}
+    full = training_function(tiny_cfg(**kw), tmp_path / "full")
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**dict(kw, **{"train.steps": 3})), run)
+    ck = run / "checkpoints"
+    if leftover == "old_beside_last":
+        shutil.copytree(ck / "last", ck / ".old")
+    elif leftover == "only_old":
+        (ck / "last").rename(ck / ".old")
+    else:
+        shutil.copytree(ck / "last", ck / ".tmp")
+        next(p for p in (ck / ".tmp").iterdir() if p.is_file()).write_bytes(b"truncated")
+    final = training_function(tiny_cfg(**kw), run, resume=True)
+    assert final["val_loss"] == full["val_loss"]
+    assert sorted(p.name for p in ck.iterdir()) == ["last"]
