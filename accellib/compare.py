@@ -98,13 +98,24 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
         elif overwrite:
             states[name] = "replace"
         else:
-            stored = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").is_file() else None
+            stored = _stored_config(d / "config.yaml")
             if stored is not None and (diff := _first_difference(stored, cfg.to_dict())):
                 raise ConfigError(f"arm {name} in {out} was trained with another config ({diff}); "
                                   "use the same config and overrides to resume, or --overwrite")
             states[name] = ("done" if (d / "record.json").is_file() else
                             "resume" if has_checkpoint(d) else "replace")  # no checkpoint: start it again
     return states
+
+
+def _stored_config(path: Path) -> dict | None:
+    """A run's config.yaml filled with today's defaults, so that an option added since it was written
+    (at its default) is no difference; its raw YAML if it no longer loads (the comparison then names the key)."""
+    if not path.is_file():
+        return None
+    try:
+        return load_config(path).to_dict()
+    except ConfigError:
+        return yaml.safe_load(path.read_text())
 
 
 def check_budget(out: Path, budget: str, seeds: int, overwrite: bool) -> None:

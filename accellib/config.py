@@ -76,6 +76,18 @@ class TrainConfig:
                               "(compare --budget flops sets it to the baseline's)", min=0.0)
 
 
+TRACKERS = ["tensorboard", "trackio", "wandb"]
+
+
+@dataclass
+class LogConfig:
+    trackers: list[str] = opt([], "live experiment trackers through Accelerate, sent the numbers of metrics.jsonl "
+                              "(which stays the record); tensorboard writes <run>/tensorboard/<project>/ (view: "
+                              "tensorboard --logdir runs); e.g. --log.trackers=tensorboard,wandb; [] = none",
+                              choices=TRACKERS)
+    project: str = opt("", "the trackers' project name (TensorBoard: its subfolder); '' = the run folder's name")
+
+
 MODEL_HELP = dict(
     kind=dict(help="gpt = causal LM, mlm = masked LM; image classifiers (data from data_scripts/prepare_digits.py "
                    "or prepare_hf_images.py): vit = ViT of the blocks below, cnn / mlp = the MNIST CNN / MLP of "
@@ -90,6 +102,11 @@ MODEL_HELP = dict(
     norm=dict(help="gpt/mlm/vit: layer (pre-LN) or none (no LayerNorm at all); cnn/mlp: none, batch (shift "
                    "only), layer or group", choices=["layer", "none", "batch", "group"]),
     patch=dict(help="vit: patch size (seq_len is set to patches + 1 from the data)", min=1),
+    act=dict(help="the MLP's GELU: gelu (exact) or gelu_tanh (GPT-2's tanh approximation)",
+             choices=["gelu", "gelu_tanh"]),
+    init_from=dict(help="gpt: hf:PATH_OR_NAME starts from a transformers GPT-2 checkpoint (a local folder, or a "
+                        "hub name when online); its n_layer, n_head, d_model, mlp_ratio, act, tie_head and bias "
+                        "replace this config's, seq_len may be at most its n_positions"),
 )
 
 
@@ -99,10 +116,11 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     techniques: dict = field(default_factory=dict)   # name -> technique config dataclass
 
     def sections(self) -> dict[str, Any]:
-        return dict(model=self.model, data=self.data, optim=self.optim, train=self.train,
+        return dict(model=self.model, data=self.data, optim=self.optim, train=self.train, log=self.log,
                     **self.techniques)
 
     def enabled(self) -> list[str]:
@@ -131,6 +149,8 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         return None if value is None else _coerce(key, value, args[0])
     if origin in (list, tuple):
+        if isinstance(value, str) and typing.get_args(typ)[:1] == (str,):  # --log.trackers=tensorboard,wandb
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, e.g. [1, 2], got {value!r}")
         (inner,) = typing.get_args(typ)[:1] or (Any,)
@@ -250,6 +270,10 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
     if m.kind in ("gpt", "mlm", "vit") and m.norm not in ("layer", "none"):
         raise ConfigError(f"model.norm={m.norm} is for model.kind=cnn or mlp; a transformer takes layer or none")
+    if m.init_from and not (m.init_from.startswith("hf:") and len(m.init_from) > 3):
+        raise ConfigError(f"model.init_from={m.init_from!r} is not hf:PATH_OR_NAME, e.g. hf:gpt2 or hf:runs/x/hf")
+    if m.init_from and m.kind != "gpt":
+        raise ConfigError(f"model.init_from loads a causal GPT-2 and needs model.kind=gpt, not {m.kind}")
     if m.vocab_size and m.kind == "mlm" and m.vocab_size < 3:
         raise ConfigError("model.vocab_size must be >= 3 for model.kind=mlm")
     for name, c in cfg.techniques.items():

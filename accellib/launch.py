@@ -85,6 +85,31 @@ def process_state(device: str = "auto"):
     return ps
 
 
+def tracker_available(name: str) -> bool:
+    """Is the package of Accelerate's tracker `name` (tensorboard, trackio, wandb) installed?"""
+    from accelerate import utils
+    return bool(getattr(utils, f"is_{name}_available")())
+
+
+def tracking_kwargs(trackers: list[str], run_dir) -> dict:
+    """The Accelerator arguments that send a run's logs to `trackers` (log.trackers); {} for none.
+    Event files of the trackers that write locally (TensorBoard) go to <run_dir>/tensorboard/<project>/.
+    A tracker whose package is missing is refused here: Accelerate would only warn and train untracked."""
+    if not trackers:
+        return {}
+    from pathlib import Path
+
+    from accelerate.utils import ProjectConfiguration
+
+    from .config import ConfigError
+    for name in trackers:
+        if not tracker_available(name):
+            raise ConfigError(f"log.trackers={name} needs the {name} package: pip install {name} "
+                              f"(or drop {name} from log.trackers)")
+    return dict(log_with=list(trackers), project_config=ProjectConfiguration(
+        project_dir=str(run_dir), logging_dir=str(Path(run_dir) / "tensorboard")))
+
+
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
                      **kwargs):
     from accelerate import Accelerator

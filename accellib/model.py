@@ -41,6 +41,8 @@ class ModelConfig:
     norm: str = "layer"        # transformers: "layer" (pre-LN) or "none" (every LayerNorm removed);
                                # cnn/mlp: "none", "batch", "layer" or "group" (accellib/vision.py)
     patch: int = 4             # vit: patch size in pixels (seq_len is then set to patches + 1)
+    act: str = "gelu"          # the MLP's GELU: "gelu" (exact, erf) or "gelu_tanh" (GPT-2's tanh approximation)
+    init_from: str = ""        # "hf:PATH_OR_NAME": start from a GPT-2 checkpoint (accellib/export.py)
 
     @property
     def head_dim(self) -> int:
@@ -103,9 +105,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.pre_act = PreAct()
+        self.approximate = "tanh" if cfg.act == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.pre_act(self.c_fc(x))))
+        return self.c_proj(F.gelu(self.pre_act(self.c_fc(x)), approximate=self.approximate))
 
 
 class Block(nn.Module):

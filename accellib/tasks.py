@@ -63,6 +63,9 @@ class LMTask(_Task):
 
     def configure(self) -> None:
         m, d = self.cfg.model, self.data
+        if m.init_from:  # a GPT-2 checkpoint decides the architecture (accellib/export.py)
+            from .export import configure_from_hf
+            configure_from_hf(m, d.vocab_size)
         if m.vocab_size == 0:
             m.vocab_size = d.vocab_size
         if m.vocab_size < d.vocab_size:
@@ -74,7 +77,11 @@ class LMTask(_Task):
                               "re-run data_scripts/prepare_shakespeare.py --force")
 
     def build_model(self) -> torch.nn.Module:
-        return Transformer(self.cfg.model)
+        model = Transformer(self.cfg.model)
+        if self.cfg.model.init_from:
+            from .export import init_from_hf
+            init_from_hf(model, self.cfg.model)
+        return model
 
     def sample(self, g: torch.Generator):
         """One micro-batch drawn with `g` (batch() draws with the training stream's generator)."""

@@ -25,7 +25,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .config import RunConfig
-from .launch import make_accelerator
+from .launch import make_accelerator, tracking_kwargs
 from .model import Plan
 from .schedules import WarmupCosine
 from .tasks import make_task
@@ -98,7 +98,9 @@ class Trainer:
         ddp = {}
         for tech in self.techniques:
             ddp.update(tech.ddp_kwargs())
-        self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device)
+        # live trackers (log.trackers) write into the run folder; an accelerator passed in brings its own
+        track = tracking_kwargs(cfg.log.trackers, out_dir) if out_dir is not None else {}
+        self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device, **track)
         self.data = self.task.data
         torch.manual_seed(t.seed)  # same init on every rank
         model = model if model is not None else self.task.build_model()
@@ -349,6 +351,28 @@ class Trainer:
         if self.is_main and self.out is not None:
             with open(self.out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")  # strict JSON: a NaN fails here
+        if self.accelerator.trackers:  # the same numbers, live (trackers only exist on the main process)
+            self.accelerator.log({k: v for k, v in rec.items() if k != "step" and _is_number(v)}, step=rec["step"])
+
+    def _start_trackers(self, resume: bool) -> None:
+        """Start log.trackers for this fit (Accelerate does it on the main process only), with the run's
+        config as hyper-parameters. On resume TensorBoard hides what was logged after the checkpoint
+        (purge_step), as metrics.jsonl drops those lines."""
+        if self.out is None or not self.accelerator.log_with:
+            return
+        project = self.cfg.log.project or self.out.resolve().name
+        flat = {f"{s}.{k}": v for s, d in self.cfg.to_dict().items()
+                if s not in self.cfg.techniques or s in self.cfg.enabled()   # not the disabled techniques
+                for k, v in d.items() if _is_number(v) or isinstance(v, (str, bool))}
+        self.accelerator.init_trackers(project, config=flat, init_kwargs=dict(
+            tensorboard=dict(purge_step=self.state.step + 1) if resume else {}))
+
+    def _end_trackers(self) -> None:
+        """Close the trackers (TensorBoard flushes its event file). Not accelerator.end_training(): it also
+        destroys the process group, which the run still needs after fit (the record, the V-cycle's next stage)."""
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+        self.accelerator.trackers.clear()
 
     def _train_record(self, loss: float, window_tokens: int, window_wall: float, grad_norm: float = 0.0) -> dict:
         st = self.state
@@ -369,6 +393,12 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict:
         """Train to cfg.train.steps (or a technique's stop), evaluating and checkpointing;
         returns the final record. With resume=True, continue the run in self.out."""
+        try:
+            return self._fit(resume)
+        finally:  # also when training fails: what was logged reaches the trackers' files
+            self._end_trackers()
+
+    def _fit(self, resume: bool) -> dict:
         cfg, st, t = self.cfg, self.state, self.cfg.train
         if self.out is not None and self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -379,7 +409,9 @@ class Trainer:
         elif self.out is not None and self.is_main:
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             (self.out / "metrics.jsonl").write_text("")
+            shutil.rmtree(self.out / "tensorboard", ignore_errors=True)  # event files of a run replaced here
         self.accelerator.wait_for_everyone()
+        self._start_trackers(resume)
         self.accelerator.print(f"accellib: {self.accelerator.num_processes} process(es) on "
                                f"{self.accelerator.device}, techniques: {[x.name for x in self.techniques] or 'none'}")
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
@@ -412,6 +444,10 @@ class Trainer:
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
         return final
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def log_line(rec: dict, total: int) -> str:

@@ -107,6 +107,11 @@ def test_interrupted_compare_resumes(tiny_data_dir, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run_arms(cfg, tmp_path / "part")
     monkeypatch.setattr(Trainer, "train_step", orig)
+    for arm in ("baseline", "pld"):  # written before options existed: a new option at its default is no change
+        f = tmp_path / "part" / arm / "config.yaml"
+        old = yaml.safe_load(f.read_text())
+        del old["log"], old["model"]["act"], old["model"]["init_from"]
+        f.write_text(yaml.safe_dump(old))
     kept = (tmp_path / "part" / "baseline" / "record.json").stat().st_mtime_ns
     part = run_arms(cfg, tmp_path / "part", resume=True)
     assert (tmp_path / "part" / "baseline" / "record.json").stat().st_mtime_ns == kept   # not retrained

@@ -66,6 +66,10 @@ def plan_stages(cfg: RunConfig) -> list[Stage]:
     if others:
         raise ConfigError(f"multilevel cannot be combined with {others[0]}: every V-cycle stage restarts the step "
                           f"counter, so {others[0]}'s schedule would restart with it; enable only one of them")
+    if cfg.log.trackers:  # each stage's Trainer has its own Accelerator and step counter: not one tracked run
+        raise ConfigError(f"log.trackers={','.join(cfg.log.trackers)} does not work with multilevel yet (every "
+                          "V-cycle stage is its own Trainer, counting steps from 0); drop it: the run's "
+                          "metrics.jsonl has every stage on global steps")
     K, S, m = ml.levels, cfg.train.steps, ml.level_map()
     cfgs = level_configs(cfg.model, K, m)   # raises MultiLevelError for a tied head / odd sizes
     steps = lambda frac: max(1, round(frac * S))
@@ -105,6 +109,8 @@ def stage_config(cfg: RunConfig, st: Stage) -> RunConfig:
     """The plain RunConfig one stage's Trainer runs: its model, steps, LR and warm-up."""
     c = copy.deepcopy(cfg)
     c.model = copy.deepcopy(st.model)
+    if st.index > 0:
+        c.model.init_from = ""       # a pretrained start (model.init_from) is stage 0's; later stages map weights
     c.train.steps = st.steps
     c.optim.lr = cfg.optim.lr * st.lr_mult
     c.optim.warmup_steps = st.warmup

@@ -1,0 +1,282 @@
+"""To and from HuggingFace transformers: an accellib GPT is a GPT-2, up to two layout details.
+
+    python -m accellib.export RUN_DIR --out DIR       # a GPT2LMHeadModel folder (+ tokenizer) from any run
+    --model.init_from=hf:PATH_OR_NAME                 # start training from a GPT-2 checkpoint (LMTask.configure)
+
+What maps one-to-one (parameter names follow GPT-2, see accellib/model.py):
+  * GPT-2's `Conv1D` stores a Linear's weight transposed, (in, out): every c_attn / c_proj / c_fc
+    weight is transposed on the way, nothing else is.
+  * The MLP's GELU: accellib's exact GELU is transformers' `activation_function="gelu"`; GPT-2's own
+    "gelu_new" (tanh approximation) is accellib's `model.act=gelu_tanh`.
+  * GPT-2 always has biases: a `model.bias=false` model is exported with zero biases (the same function).
+  * Untied heads are exported with `tie_word_embeddings=false`.
+
+What is refused, in one line (`ExportError`), rather than exported to a model that computes something
+else: masked-LM runs (`kind=mlm`: bidirectional attention, no GPT-2 equivalent), image models, and
+transformers without LayerNorm (`norm=none`, the standardization-loss variant).
+
+The exported folder is written next to its destination and swapped in whole, after its logits were
+checked against accellib's on validation windows: a failed or killed export leaves DIR as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, load_config
+from .model import ModelConfig, Transformer
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # the second is torch's tanh GELU, as ours
+FROM_HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json", "chat_template.jinja", "accellib_export.json"}
+MAX_LOGIT_DIFF = 1e-4  # an export whose logits differ more from accellib's is not written
+
+
+class ExportError(ValueError):
+    """The run cannot become a transformers model (or a checkpoint cannot become an accellib one); one line."""
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ExportError("the transformers package is missing: pip install -e '.[hf]'") from None
+    return transformers
+
+
+# ----------------------------------------------------------------------------- accellib -> GPT-2
+def check_exportable(m: ModelConfig) -> None:
+    if m.kind != "gpt":
+        raise ExportError(f"model.kind={m.kind} has no GPT-2 counterpart (only causal LMs, kind=gpt, export; "
+                          "a masked LM attends both ways and an image model is no LM)")
+    if m.norm != "layer":
+        raise ExportError(f"model.norm={m.norm}: GPT-2 always has LayerNorms, so a transformer trained without "
+                          "them cannot be exported")
+
+
+def gpt2_config(m: ModelConfig, eos_id: int | None = None):
+    """The transformers GPT2Config that computes what Transformer(m) computes (no dropout, eval mode)."""
+    check_exportable(m)
+    return _transformers().GPT2Config(
+        vocab_size=m.vocab_size, n_positions=m.seq_len, n_embd=m.d_model, n_layer=m.n_layer, n_head=m.n_head,
+        n_inner=m.mlp_ratio * m.d_model, activation_function=TO_HF_ACT[m.act], layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=m.tie_head,
+        bos_token_id=eos_id, eos_token_id=eos_id, architectures=["GPT2LMHeadModel"])
+
+
+def to_gpt2_state(sd: dict, m: ModelConfig) -> dict:
+    """accellib state dict -> GPT2LMHeadModel state dict (Conv1D weights transposed, missing biases zero)."""
+    out = {}
+    for k, v in sd.items():
+        out[k] = v.t().contiguous() if k.endswith(CONV1D) else v
+    if not m.bias:
+        for i in range(m.n_layer):
+            for name, n in (("attn.c_attn", 3 * m.d_model), ("attn.c_proj", m.d_model),
+                            ("mlp.c_fc", m.mlp_ratio * m.d_model), ("mlp.c_proj", m.d_model)):
+                out[f"transformer.h.{i}.{name}.bias"] = torch.zeros(n)
+    if m.tie_head:
+        out.pop("lm_head.weight", None)  # transformers ties it to wte itself
+    return out
+
+
+def run_weights(run_dir: Path) -> tuple[object, dict, int]:
+    """(run config, the model's state dict, its step) of a run folder: the last checkpoint, or a finished
+    V-cycle's final (level-0) model."""
+    if not (run_dir / "config.yaml").is_file():
+        raise ExportError(f"{run_dir} has no config.yaml; give a run folder written by accellib.train")
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+    except ConfigError as e:
+        raise ExportError(f"{run_dir}/config.yaml: {e}") from None
+    check_exportable(cfg.model)
+    if (run_dir / "vcycle.json").is_file():
+        prog = json.loads((run_dir / "vcycle.json").read_text())
+        last = str(len(prog["stages"]) - 1)
+        if last not in prog.get("done", {}):
+            raise ExportError(f"the V-cycle in {run_dir} has not finished (stage {last} is not done); finish it "
+                              f"with python -m accellib.train --resume {run_dir}")
+        f, step = run_dir / f"stage_{last}" / "final_model.pt", prog["done"][last]["step"]
+    else:
+        ck = run_dir / "checkpoints"
+        src = ck / "last" if (ck / "last").exists() else ck / ".old"
+        f = next((p for p in (src / "model.safetensors", src / "pytorch_model.bin") if p.is_file()), None)
+        if f is None:
+            raise ExportError(f"{run_dir} has no checkpoint (checkpoints/last); train it first")
+        step = None
+    try:
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            sd = load_file(f)
+        else:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ExportError(f"{f} cannot be read ({type(e).__name__}); restore it or train the run again") from None
+    if step is None:
+        step = _checkpoint_step(f.parent)
+    return cfg, {k: v.float() for k, v in sd.items()}, step
+
+
+def _checkpoint_step(ck: Path) -> int | None:
+    """The TrainState's step from an Accelerate checkpoint folder (custom_checkpoint_0.pkl), if readable."""
+    try:
+        return int(torch.load(ck / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)["step"])
+    except Exception:
+        return None
+
+
+def export_run(run_dir: str | Path, out: str | Path) -> dict:
+    """Write `run_dir`'s model as a transformers GPT2LMHeadModel folder at `out`; returns the provenance
+    (also written as out/accellib_export.json), with the largest logit difference measured."""
+    run_dir, out = Path(run_dir), Path(out)
+    cfg, sd, step = run_weights(run_dir)
+    model = Transformer(cfg.model)
+    model.load_state_dict(sd, strict=True)
+    model.eval()
+    from .image_data import _data_scripts
+    from .tokenizer_export import hf_tokenizer
+    atomic_folder, _ = _data_scripts()
+    tok, tok_kind = hf_tokenizer(cfg.data.path, cfg.model)
+    eos = tok.eos_token_id if tok is not None else None
+    hf_cfg = gpt2_config(cfg.model, eos)
+    transformers = _transformers()
+    try:
+        staged = atomic_folder.staged_folder(out, FILES)
+        stage = staged.__enter__()
+    except FileExistsError as e:
+        raise ExportError(str(e)) from None
+    try:
+        hf = transformers.GPT2LMHeadModel(hf_cfg)
+        missing, unexpected = hf.load_state_dict(to_gpt2_state(sd, cfg.model), strict=False)
+        unexpected = [k for k in unexpected if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+        if unexpected or [k for k in missing if not (cfg.model.tie_head and k == "lm_head.weight")]:
+            raise ExportError(f"GPT-2 and accellib disagree on parameters: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+        hf.save_pretrained(stage, safe_serialization=True)
+        if tok is not None:
+            tok.save_pretrained(stage)
+        diff = max_logit_diff(model, stage, cfg.model)
+        if diff > MAX_LOGIT_DIFF:
+            raise ExportError(f"the exported model's logits differ from accellib's by {diff:.2e} "
+                              f"(> {MAX_LOGIT_DIFF}); nothing was written")
+        info = dict(run=str(run_dir), step=step, tokenizer=tok_kind, max_logit_diff=diff,
+                    params=sum(p.numel() for p in model.parameters()), tie_head=cfg.model.tie_head,
+                    act=cfg.model.act, transformers=transformers.__version__)
+        (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
+    except BaseException as e:
+        staged.__exit__(type(e), e, e.__traceback__)
+        raise
+    staged.__exit__(None, None, None)
+    return info
+
+
+@torch.no_grad()
+def max_logit_diff(model: Transformer, hf_dir: Path, m: ModelConfig, n: int = 4) -> float:
+    """Largest |logit| difference between `model` and the transformers model saved in `hf_dir`, on n
+    pseudo-random windows of full length."""
+    hf = _transformers().GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(m.vocab_size, (n, m.seq_len), generator=g)
+    return (hf(idx).logits - model(idx)[0]).abs().max().item()
+
+
+# ----------------------------------------------------------------------------- GPT-2 -> accellib
+def hf_config(spec: str):
+    """The GPT2Config of `hf:PATH_OR_NAME`; a one-line error for a missing or non-GPT-2 checkpoint."""
+    try:
+        c = _transformers().AutoConfig.from_pretrained(spec[3:])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.init_from={spec}: no transformers checkpoint there ({str(e).splitlines()[0][:120]}); "
+                          "give a folder with config.json (e.g. one written by python -m accellib.export) or a hub "
+                          "name when online") from None
+    if c.model_type != "gpt2":
+        raise ConfigError(f"model.init_from={spec} is a {c.model_type} model; only GPT-2 checkpoints load "
+                          "into accellib's GPT")
+    return c
+
+
+def model_fields(spec: str, hf_cfg) -> dict:
+    """The ModelConfig fields a GPT-2 config decides; refuses what accellib's block cannot compute."""
+    act = FROM_HF_ACT.get(hf_cfg.activation_function)
+    inner = hf_cfg.n_inner or 4 * hf_cfg.n_embd
+    problems = [
+        act is None and f"activation {hf_cfg.activation_function!r} (accellib has {sorted(FROM_HF_ACT)})",
+        inner % hf_cfg.n_embd and f"n_inner={inner} is not a multiple of n_embd={hf_cfg.n_embd}",
+        abs(hf_cfg.layer_norm_epsilon - 1e-5) > 1e-12 and f"layer_norm_epsilon={hf_cfg.layer_norm_epsilon} (accellib: 1e-5)",
+        not hf_cfg.scale_attn_weights and "unscaled attention",
+        hf_cfg.scale_attn_by_inverse_layer_idx and "scale_attn_by_inverse_layer_idx",
+    ]
+    problems = [p for p in problems if p]
+    if problems:
+        raise ConfigError(f"model.init_from={spec} cannot load into accellib's GPT: {'; '.join(problems)}")
+    return dict(n_layer=hf_cfg.n_layer, n_head=hf_cfg.n_head, d_model=hf_cfg.n_embd, mlp_ratio=inner // hf_cfg.n_embd,
+                act=act, tie_head=bool(hf_cfg.tie_word_embeddings), bias=True, norm="layer")
+
+
+def configure_from_hf(m: ModelConfig, data_vocab: int) -> None:
+    """Set `m`'s architecture from its init_from checkpoint and check vocabulary and positions."""
+    c = hf_config(m.init_from)
+    for k, v in model_fields(m.init_from, c).items():
+        setattr(m, k, v)
+    if m.seq_len > c.n_positions:
+        raise ConfigError(f"model.seq_len={m.seq_len} is longer than {m.init_from}'s {c.n_positions} positions; "
+                          f"lower model.seq_len")
+    if c.vocab_size > data_vocab:
+        raise ConfigError(f"{m.init_from} has {c.vocab_size} token ids but the data has {data_vocab}: tokenize "
+                          "the corpus with the checkpoint's tokenizer (e.g. data_scripts/prepare_hf.py --tokenizer gpt2)")
+
+
+def from_gpt2_state(hf_sd: dict, m: ModelConfig) -> dict:
+    """GPT2LMHeadModel state dict -> accellib's: Conv1D weights transposed, positions cut to seq_len,
+    the vocabulary padded to the data's (extra ids, e.g. [MASK], keep their fresh initialisation)."""
+    out = {}
+    for k, v in hf_sd.items():
+        if k.endswith((".attn.bias", ".attn.masked_bias")) or (m.tie_head and k == "lm_head.weight"):
+            continue  # causal-mask buffers of older transformers; a tied head is wte
+        out[k] = v.t().contiguous() if k.endswith(CONV1D) else v
+    out["transformer.wpe.weight"] = out["transformer.wpe.weight"][:m.seq_len]
+    return out
+
+
+@torch.no_grad()
+def init_from_hf(model: Transformer, m: ModelConfig) -> None:
+    """Load model.init_from's weights into `model` (built from `m` after configure_from_hf)."""
+    hf_config(m.init_from)
+    hf = _transformers().GPT2LMHeadModel.from_pretrained(m.init_from[3:], dtype=torch.float32)
+    sd, own = from_gpt2_state(hf.state_dict(), m), model.state_dict()
+    missing = set(own) - set(sd) - ({"lm_head.weight"} if m.tie_head else set())
+    if missing:
+        raise ConfigError(f"{m.init_from} lacks {len(missing)} of accellib's parameters, e.g. {sorted(missing)[0]}")
+    for k, v in sd.items():
+        o = own.get(k)
+        vocab = k in ("transformer.wte.weight", "lm_head.weight")  # may have fewer rows than the data's vocab
+        if o is None or (v.shape != o.shape and not (vocab and v.shape[1:] == o.shape[1:] and len(v) <= len(o))):
+            raise ConfigError(f"{m.init_from}: {k} {tuple(v.shape)} does not fit accellib's GPT "
+                              f"({tuple(o.shape) if o is not None else 'no such parameter'})")
+        o[:len(v)].copy_(v)  # rows past GPT-2's vocabulary (e.g. the data's [MASK] id) keep their init
+
+
+# ----------------------------------------------------------------------------- command line
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m accellib.export", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", help="a run folder written by accellib.train (or a compare arm's folder)")
+    ap.add_argument("--out", required=True, help="the transformers folder to write (replaced whole if it is an export)")
+    a = ap.parse_args(argv)
+    try:
+        info = export_run(a.run_dir, a.out)
+    except (ExportError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{a.run_dir} (step {info['step']}, {info['params']:,} parameters, {info['tokenizer'] or 'no'} tokenizer) "
+          f"-> {a.out}: GPT2LMHeadModel; largest logit difference from accellib {info['max_logit_diff']:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
