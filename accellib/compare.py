@@ -333,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace earlier runs of these arms in --out")
     ap.add_argument("--resume", action="store_true",
                     help="continue an interrupted comparison: finished arms are kept, a started one resumes")
+    ap.add_argument("--lm-eval", nargs="?", const="corpus_ppl,corpus_cloze", metavar="TASKS",
+                    help="also score every run with lm-evaluation-harness (accellib/evaluate.py; default tasks: "
+                         "the offline corpus_ppl,corpus_cloze) and print a second table")
+    ap.add_argument("--lm-eval-limit", type=int, default=None, metavar="N", help="documents per lm-eval task")
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
         results = run_arms(args.config, args.out, args.arms.split(",") if args.arms else None,
@@ -351,7 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget: equal {args.budget}, {args.seeds} seed(s); to target = until the validation loss first "
               "reaches the same seed's baseline final loss (ratios to the baseline's mean FLOPs and wall)")
         print(format_table(rows))
-        write_json(out / "summary.json", dict(budget=args.budget, seeds=args.seeds, rows=rows))
+        summary = dict(budget=args.budget, seeds=args.seeds, rows=rows)
+        if args.lm_eval:
+            from .evaluate import evaluate_arms
+            summary["lm_eval"], text = evaluate_arms(out, list(results), tuple(args.lm_eval.split(",")),
+                                                     args.lm_eval_limit)
+            print(f"lm-evaluation-harness ({args.lm_eval}; mean ± sd over seeds):\n{text}")
+        write_json(out / "summary.json", summary)
         set_style()
         save_fig(plot_val_curves({a: read_metrics(out / a) for a in results}, references=_references(results, out)),
                  out / "compare.png")

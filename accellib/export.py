@@ -50,6 +50,17 @@ def _transformers():
     return transformers
 
 
+def quiet_transformers() -> None:
+    """For the command lines: no progress bars or notices from transformers (errors still show), so
+    a refusal stays one line. Not done on import: a notebook's own transformers output is its business."""
+    try:
+        from transformers.utils import logging
+    except ImportError:
+        return
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
 # ----------------------------------------------------------------------------- accellib -> GPT-2
 def check_exportable(m: ModelConfig) -> None:
     if m.kind != "gpt":
@@ -268,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", help="a run folder written by accellib.train (or a compare arm's folder)")
     ap.add_argument("--out", required=True, help="the transformers folder to write (replaced whole if it is an export)")
     a = ap.parse_args(argv)
+    quiet_transformers()
     try:
         info = export_run(a.run_dir, a.out)
     except (ExportError, ConfigError) as e:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .config import ConfigError
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "record.json", "loss.png", "vcycle.json", "checkpoints")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "record.json", "loss.png", "vcycle.json", "checkpoints",
+             "hf", "tensorboard")  # hf: the export accellib.evaluate writes; tensorboard: log.trackers
 
 
 def holds_run(out: Path) -> bool:
