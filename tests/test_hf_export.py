@@ -181,3 +181,23 @@ def test_import_refusals_are_one_line(tiny_data_dir, tmp_path, capsys, make, kw,
     assert words in err and err.count("\n") == 1, err
     with pytest.raises(ConfigError, match="not hf:PATH_OR_NAME"):
         load_config(None, ["--model.init_from=gpt2"])
+
+
+def test_a_vcycle_starts_from_the_imported_model(tiny_data_dir, tmp_path):
+    # the V-cycle's first stage trains the full model: it is the one that starts from GPT-2 (the later
+    # stages start from the mapped weights of the stage before); lr 0 keeps stage 0's result at GPT-2's weights
+    from test_multilevel import vcycle_overrides
+    from accellib.export import from_gpt2_state
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=257, n_positions=48, n_embd=32, n_layer=4, n_head=4,
+                                  activation_function="gelu_new", tie_word_embeddings=False)
+    hf = transformers.GPT2LMHeadModel(cfg)
+    hf.save_pretrained(tmp_path / "gpt2")
+    assert train_main(["--out", str(tmp_path / "ml"), *vcycle_overrides(tiny_data_dir), "--optim.lr=0",
+                       "--optim.weight_decay=0", f"--model.init_from=hf:{tmp_path / 'gpt2'}"]) == 0
+    stored = load_config(tmp_path / "ml" / "config.yaml")
+    stage0 = torch.load(tmp_path / "ml" / "stage_0" / "final_model.pt", weights_only=True)
+    for k, v in from_gpt2_state(hf.state_dict(), stored.model).items():
+        assert torch.equal(stage0[k], v), k
+    coarse = json.loads((tmp_path / "ml" / "vcycle.json").read_text())["stages"][1]["model"]
+    assert (coarse["n_head"], coarse["d_model"], coarse["act"]) == (2, 16, "gelu_tanh")   # GPT-2's shape, coalesced
