@@ -29,6 +29,7 @@ import torch
 
 from .config import ConfigError, load_config
 from .model import ModelConfig, Transformer
+from .run_dir import checkpoint_folder
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # the second is torch's tanh GELU, as ours
@@ -114,9 +115,8 @@ def run_weights(run_dir: Path) -> tuple[object, dict, int]:
                               f"with python -m accellib.train --resume {run_dir}")
         f, step = run_dir / f"stage_{last}" / "final_model.pt", prog["done"][last]["step"]
     else:
-        ck = run_dir / "checkpoints"
-        src = ck / "last" if (ck / "last").exists() else ck / ".old"
-        f = next((p for p in (src / "model.safetensors", src / "pytorch_model.bin") if p.is_file()), None)
+        src = checkpoint_folder(run_dir)
+        f = next((p for p in (src / "model.safetensors", src / "pytorch_model.bin") if p.is_file()), None) if src else None
         if f is None:
             raise ExportError(f"{run_dir} has no checkpoint (checkpoints/last); train it first")
         step = None
@@ -155,35 +155,35 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
     tok, tok_kind = hf_tokenizer(cfg.data.path, cfg.model)
     eos = tok.eos_token_id if tok is not None else None
     hf_cfg = gpt2_config(cfg.model, eos)
-    transformers = _transformers()
     try:
-        staged = atomic_folder.staged_folder(out, FILES)
-        stage = staged.__enter__()
-    except FileExistsError as e:
+        with atomic_folder.staged_folder(out, FILES) as stage:  # swapped in whole only if the block ends normally
+            info = dict(run=str(run_dir), step=step, tokenizer=tok_kind,
+                        **_write_export(stage, model, sd, cfg.model, hf_cfg, tok))
+            (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
+    except FileExistsError as e:  # `out` holds files that are not an export
         raise ExportError(str(e)) from None
-    try:
-        hf = transformers.GPT2LMHeadModel(hf_cfg)
-        missing, unexpected = hf.load_state_dict(to_gpt2_state(sd, cfg.model), strict=False)
-        unexpected = [k for k in unexpected if not k.endswith((".attn.bias", ".attn.masked_bias"))]
-        if unexpected or [k for k in missing if not (cfg.model.tie_head and k == "lm_head.weight")]:
-            raise ExportError(f"GPT-2 and accellib disagree on parameters: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]}")
-        hf.save_pretrained(stage, safe_serialization=True)
-        if tok is not None:
-            tok.save_pretrained(stage)
-        diff = max_logit_diff(model, stage, cfg.model)
-        if diff > MAX_LOGIT_DIFF:
-            raise ExportError(f"the exported model's logits differ from accellib's by {diff:.2e} "
-                              f"(> {MAX_LOGIT_DIFF}); nothing was written")
-        info = dict(run=str(run_dir), step=step, tokenizer=tok_kind, max_logit_diff=diff,
-                    params=sum(p.numel() for p in model.parameters()), tie_head=cfg.model.tie_head,
-                    act=cfg.model.act, transformers=transformers.__version__)
-        (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
-    except BaseException as e:
-        staged.__exit__(type(e), e, e.__traceback__)
-        raise
-    staged.__exit__(None, None, None)
     return info
+
+
+def _write_export(stage: Path, model: Transformer, sd: dict, m: ModelConfig, hf_cfg, tok) -> dict:
+    """Fill the staging folder: the transformers model, the tokenizer, and the provenance, after checking
+    the written model's logits against accellib's."""
+    transformers = _transformers()
+    hf = transformers.GPT2LMHeadModel(hf_cfg)
+    missing, unexpected = hf.load_state_dict(to_gpt2_state(sd, m), strict=False)
+    unexpected = [k for k in unexpected if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    if unexpected or [k for k in missing if not (m.tie_head and k == "lm_head.weight")]:
+        raise ExportError(f"GPT-2 and accellib disagree on parameters: missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]}")
+    hf.save_pretrained(stage, safe_serialization=True)
+    if tok is not None:
+        tok.save_pretrained(stage)
+    diff = max_logit_diff(model, stage, m)
+    if diff > MAX_LOGIT_DIFF:
+        raise ExportError(f"the exported model's logits differ from accellib's by {diff:.2e} "
+                          f"(> {MAX_LOGIT_DIFF}); nothing was written")
+    return dict(max_logit_diff=diff, params=sum(p.numel() for p in model.parameters()), tie_head=m.tie_head,
+                act=m.act, transformers=transformers.__version__)
 
 
 @torch.no_grad()

@@ -20,9 +20,15 @@ def holds_run(out: Path) -> bool:
     return out.is_dir() and any((out / f).exists() for f in RUN_FILES)
 
 
-def has_checkpoint(out: Path) -> bool:
+def checkpoint_folder(out: Path) -> Path | None:
+    """The run's whole checkpoint: checkpoints/last, or .old when a kill came between the two renames of
+    Trainer.save (then .old is the previous last, renamed whole); None before the first checkpoint."""
     ck = out / "checkpoints"
-    return (ck / "last").exists() or (ck / ".old").exists() or (out / "vcycle.json").exists()
+    return next((p for p in (ck / "last", ck / ".old") if p.exists()), None)
+
+
+def has_checkpoint(out: Path) -> bool:
+    return checkpoint_folder(out) is not None or (out / "vcycle.json").exists()
 
 
 def clear_run(out: Path) -> None:

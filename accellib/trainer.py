@@ -24,9 +24,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .launch import make_accelerator, tracking_kwargs
 from .model import Plan
+from .run_dir import checkpoint_folder
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -308,14 +309,15 @@ class Trainer:
         self.saved_step = self.state.step
 
     def load(self, run_dir: Path) -> None:
-        ck = run_dir / "checkpoints"
-        src = ck / "last" if (ck / "last").exists() else ck / ".old"
-        if not src.exists():
+        src = checkpoint_folder(run_dir)
+        if src is None:
             raise TrainingError(f"{run_dir} has no checkpoint (the run stopped before its first one); "
                                 f"start it again with: python -m accellib.train --config {run_dir / 'config.yaml'} "
                                 f"--out {run_dir} --overwrite")
         try:
             self.accelerator.load_state(str(src))
+        except ConfigError:  # a technique refusing the stored state (its own one-line reason): not a damaged file
+            raise
         except Exception as e:  # truncated, garbage or missing files: torch/pickle raise many types
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise TrainingError(f"the checkpoint {src} cannot be read ({type(e).__name__}: {msg[:160]}); "
@@ -409,7 +411,6 @@ class Trainer:
         elif self.out is not None and self.is_main:
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             (self.out / "metrics.jsonl").write_text("")
-            shutil.rmtree(self.out / "tensorboard", ignore_errors=True)  # event files of a run replaced here
         self.accelerator.wait_for_everyone()
         self._start_trackers(resume)
         self.accelerator.print(f"accellib: {self.accelerator.num_processes} process(es) on "

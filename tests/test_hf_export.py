@@ -47,7 +47,7 @@ def test_exported_model_computes_the_same_logits(tiny_cfg, tmp_path, kw):
     assert diff <= 1e-5 and info["max_logit_diff"] <= 1e-5, diff
     hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_cfg["tie_word_embeddings"] == kw["model.tie_head"] and hf_cfg["n_positions"] == 32
-    assert info["step"] == 3
+    assert info["step"] == 3 and json.loads((tmp_path / "hf" / "accellib_export.json").read_text()) == info
 
 
 def test_exported_byte_tokenizer_encodes_bytes(tiny_cfg, tmp_path):

@@ -67,6 +67,15 @@ def test_out_is_a_file(tiny_data_dir, tmp_path, capsys):
     assert (tmp_path / "f").read_text() == "keep me"
 
 
+def test_a_technique_refusing_the_stored_state_says_why(tiny_cfg, tmp_path, capsys):
+    # random-LTD's ramp follows train.steps, so a longer resume changes its schedule; before, its reason was
+    # wrapped as "the checkpoint ... cannot be read (ConfigError: ...); restore the folder from a backup"
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 4, "random_ltd.enabled": True}), run)
+    err = one_line(capsys, ["--resume", str(run), "--train.steps=8"])
+    assert "random_ltd schedule" in err and "train.steps" in err and "cannot be read" not in err
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "missing"])
 def test_damaged_checkpoint(damage, finished_run, capsys):
     f = finished_run / "checkpoints" / "last" / "pytorch_model.bin"

@@ -185,5 +185,6 @@ class RandomLTD(Technique):
     def load_state_dict(self, d: dict) -> None:
         if d["schedule"] != self.schedule.state_dict() or list(d["layers"]) != self.layers:
             raise ConfigError(f"the checkpoint's random_ltd schedule {d['schedule']} (layers {d['layers']}) "
-                              f"differs from this config's; resume with the same random_ltd settings")
+                              f"differs from this config's {self.schedule.state_dict()}; resume with the same "
+                              "random_ltd settings and train.steps (ramp_steps=0 follows train.steps)")
         self.last_r = d["last_r"]

@@ -44,6 +44,7 @@ from ..config import ConfigError, RunConfig
 from ..model import ModelConfig, num_params
 from ..tasks import is_image_kind, make_task
 from ..records import read_metrics, write_json, write_record
+from ..run_dir import checkpoint_folder
 from .multilevel import coalesce, decoalesce, interpolate, level_configs
 
 
@@ -234,7 +235,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
             final = progress["done"][key]
             carry = {k: final[k] for k in carry}
             continue
-        started = (sdir / "checkpoints" / "last").exists() or (sdir / "checkpoints" / ".old").exists()
+        started = checkpoint_folder(sdir) is not None
         map_s = 0.0
         build = make_task(stage_config(cfg, st), data).build_model
         if st.index == 0:
