@@ -128,6 +128,13 @@ def _parse_meta(data_dir: Path) -> tuple[dict, str, dict[str, int], tuple[int, i
     return meta, fix, counts, shape
 
 
+def describe_images(meta: dict) -> str:
+    """An image folder's meta.json in one line, as the prepare scripts print it."""
+    stats = " ".join(f"{m:.3f}/{s:.3f}" for m, s in zip(meta["mean"], meta["std"]))
+    return (f"{meta['n_train']:,} train / {meta['n_val']:,} val images, {meta['channels']}x{meta['image_size']}x"
+            f"{meta['image_size']}, {meta['n_classes']} classes, pixel mean/std per channel {stats}")
+
+
 def image_shape(path: str | Path) -> tuple[int, int, int]:
     """(channels, image_size, n_classes) of an image folder from its meta.json alone (no array is opened or
     hashed): what building a model or counting its FLOPs needs. DataError if the meta is unusable."""

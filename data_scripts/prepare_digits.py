@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` and `accellib` importable
     sys.path.insert(0, str(ROOT))
 from accellib.data import seed_for  # noqa: E402
-from accellib.image_data import image_folder_verifies, write_image_folder  # noqa: E402
+from accellib.image_data import describe_images, image_folder_verifies, write_image_folder  # noqa: E402
 from data_scripts.tokenize_corpus import prepare_target, show_path  # noqa: E402
 
 SEED = 0
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     train, val = stratified_split(y)
     meta = write_image_folder(out, {"train": (x[train], y[train]), "val": (x[val], y[val])},
                               {**extra, "classes": [str(c) for c in range(10)]}, created_by=cmd)
-    print(f"{show_path(out)}: {meta['n_train']} train / {meta['n_val']} val images, {meta['channels']}x"
-          f"{meta['image_size']}x{meta['image_size']}, {meta['n_classes']} classes, pixel mean "
-          f"{meta['mean'][0]:.3f} std {meta['std'][0]:.3f} ({time.perf_counter() - t0:.2f}s)")
+    print(f"{show_path(out)}: {describe_images(meta)} ({time.perf_counter() - t0:.2f}s)")
     return 0
 
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
 from data_scripts.tokenize_corpus import (  # noqa: E402
-    is_up_to_date, mask_id_and_vocab, prepare_target, read_meta, train_bpe, write_token_streams)
+    describe, is_up_to_date, mask_id_and_vocab, prepare_target, read_meta, train_bpe, write_token_streams)
 
 HUB = {  # name -> (hub path, config, train split, validation split or None for a holdout)
     "wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1", "train", "validation"),
@@ -216,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare_from_dataset(train, val, tok, out, tokenizer_kind=args.tokenizer, source=source,
                          created_by=cmd, requested_vocab_size=requested)
     m = read_meta(out)
-    print(f"{out}: {m['tokenizer']} vocab {m['vocab_size']} (mask id {m['mask_id']}), train {m['n_train']:,} "
-          f"tokens, val {m['n_val']:,} tokens, {m['bytes_per_token']:.3f} chars/token "
-          f"({time.perf_counter() - t0:.1f}s)")
+    print(f"{out}: {describe(m)} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
 

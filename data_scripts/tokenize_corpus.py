@@ -185,6 +185,12 @@ def prepare_target(out_dir: Path) -> str | None:
     return None
 
 
+def describe(m: dict) -> str:
+    """A token folder's meta.json in one line, as the prepare scripts print it."""
+    return (f"{m['tokenizer']} vocab {m['vocab_size']} (mask id {m['mask_id']}), train {m['n_train']:,} tokens, "
+            f"val {m['n_val']:,} tokens, {m['bytes_per_token']:.3f} chars/token")
+
+
 def read_meta(out_dir: str | Path) -> dict | None:
     try:
         return json.loads((Path(out_dir) / "meta.json").read_text())
