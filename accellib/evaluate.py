@@ -65,22 +65,32 @@ def ppl_docs(text: str, size: int = DOC_CHARS) -> list[dict]:
 
 
 def cloze_items(text: str, n: int = CLOZE_ITEMS, context: int = CLOZE_CONTEXT, seed: int = 0) -> list[dict]:
-    """Passages ending just before a word of >= 4 letters that follows a space, and four same-length
-    candidate words; deterministic in (text, n, seed)."""
+    """Passages ending just before a word of >= 4 letters that follows a space, and four candidate words of
+    that length; deterministic in (text, n, seed).
+
+    The three distractors are drawn from the split's word *occurrences* (a word as often as it occurs), as
+    the answers are. Drawn from word types instead, they were mostly rare words, and the rule "pick the most
+    frequent word", which ignores the passage, scored 0.63 on Shakespeare; drawn like this it scores 0.276
+    (chance 0.25). It is not exactly chance (the answer is never a repeat of a distractor, which favours
+    frequent answers; on a corpus with a few dominant words far more), so evaluate_run reports that rule
+    beside the model (`frequency_baseline`)."""
     words = [m for m in re.finditer(r"(?<= )[A-Za-z]{4,}\b", text) if m.start() > context + 1]
-    by_len: dict[int, list[str]] = {}
+    occurrences: dict[int, list[str]] = {}
     for m in words:
-        by_len.setdefault(len(m[0]), []).append(m[0])
-    pools = {k: sorted(set(v)) for k, v in by_len.items()}
+        occurrences.setdefault(len(m[0]), []).append(m[0])
     rng, items = random.Random(seed), []
     for m in words[::max(1, len(words) // n)][:n]:
-        pool = [w for w in pools[len(m[0])] if w.lower() != m[0].lower()]
-        if len(pool) < 3:
+        pool, answer = occurrences[len(m[0])], m[0]
+        if len({w.lower() for w in pool} - {answer.lower()}) < 3:
             continue
-        choices = rng.sample(pool, 3) + [m[0]]
+        choices = [answer]
+        while len(choices) < 4:  # distinct words (case aside), each drawn with its frequency
+            w = rng.choice(pool)
+            if w.lower() not in {c.lower() for c in choices}:
+                choices.append(w)
         rng.shuffle(choices)
         items.append(dict(context=text[m.start() - 1 - context:m.start() - 1], choices=choices,
-                          label=choices.index(m[0])))
+                          label=choices.index(answer)))
     return items
 
 
@@ -89,9 +99,20 @@ def cloze_context(seq_len: int, bytes_per_token: float) -> int:
     return max(16, min(CLOZE_CONTEXT, int((seq_len - 12) * bytes_per_token)))
 
 
-def write_tasks(text: str, folder: Path, context: int = CLOZE_CONTEXT) -> None:
-    """The two offline tasks as harness YAML + JSON lines in `folder` (the harness's include_path)."""
-    for name, rows in (("corpus_ppl", ppl_docs(text)), ("corpus_cloze", cloze_items(text, context=context))):
+def frequency_baseline(text: str, items: list[dict]) -> float:
+    """Accuracy of the context-free rule "pick the choice that occurs most often in `text`": what a
+    cloze score must beat before it says anything about the passage."""
+    from collections import Counter
+    counts = Counter(w.lower() for w in re.findall(r"[A-Za-z]+", text))
+    pick = lambda it: max(range(len(it["choices"])), key=lambda i: counts[it["choices"][i].lower()])
+    return sum(pick(it) == it["label"] for it in items) / len(items)
+
+
+def write_tasks(text: str, folder: Path, context: int = CLOZE_CONTEXT) -> list[dict]:
+    """The two offline tasks as harness YAML + JSON lines in `folder` (the harness's include_path); returns
+    the cloze items."""
+    items = cloze_items(text, context=context)
+    for name, rows in (("corpus_ppl", ppl_docs(text)), ("corpus_cloze", items)):
         data = folder / f"{name}.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         head = (f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(str(data))}\n"
@@ -105,6 +126,7 @@ def write_tasks(text: str, folder: Path, context: int = CLOZE_CONTEXT) -> None:
                 'doc_to_target: "{{label}}"\nmetric_list:\n' + metric("acc", "mean", "true"))
         body += "num_fewshot: 0\n"
         (folder / f"{name}.yaml").write_text(head + body + "metadata:\n  version: 1.0\n")
+    return items
 
 
 def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limit: int | None = None,
@@ -135,7 +157,8 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
             if local:
                 from .data import load_token_data
                 bpt = float(load_token_data(cfg.data.path, verify=False).meta.get("bytes_per_token") or 1.0)
-                write_tasks(validation_text(cfg.data.path), Path(tmp), cloze_context(cfg.model.seq_len, bpt))
+                text = validation_text(cfg.data.path)
+                items = write_tasks(text, Path(tmp), cloze_context(cfg.model.seq_len, bpt))
             manager = TaskManager(include_path=tmp if local else None)
             unknown = [t for t in tasks if t not in manager.all_tasks]
             if unknown:
@@ -158,6 +181,8 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
         scores = {t: {k.split(",")[0]: v for k, v in r.items()
                       if k not in ("alias", "sample_len") and isinstance(v, (int, float))}
                   for t, r in res["results"].items()}
+        if "corpus_cloze" in scores:  # what the model's accuracy must beat to say anything about the passage
+            scores["corpus_cloze"]["acc_frequency_rule"] = frequency_baseline(text, items[:limit or len(items)])
         out = dict(tasks=scores, limit=limit, step=info["step"], n_docs={t: res["n-samples"][t]["effective"]
                                                                        for t in res["n-samples"]},
                    lm_eval=lm_eval.__version__ if hasattr(lm_eval, "__version__") else None)
@@ -194,12 +219,12 @@ def _quiet(on: bool):
 
 def table(scores: dict) -> str:
     """task | metric | value | stderr, one line per metric."""
-    lines = [f"{'task':<14}{'metric':<17}{'value':>12}{'stderr':>10}"]
+    lines = [f"{'task':<14}{'metric':<20}{'value':>12}{'stderr':>10}"]
     for t, ms in scores.items():
         for k, v in ms.items():
             if not k.endswith("_stderr"):
                 se = ms.get(f"{k}_stderr")
-                lines.append(f"{t:<14}{k:<17}{v:>12.4f}{(f'{se:.4f}' if isinstance(se, float) else '-'):>10}")
+                lines.append(f"{t:<14}{k:<20}{v:>12.4f}{(f'{se:.4f}' if isinstance(se, float) else '-'):>10}")
     return "\n".join(lines)
 
 

@@ -145,6 +145,7 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
     """Write `run_dir`'s model as a transformers GPT2LMHeadModel folder at `out`; returns the provenance
     (also written as out/accellib_export.json), with the largest logit difference measured."""
     run_dir, out = Path(run_dir), Path(out)
+    _transformers()  # a one-line error before anything else needs it
     cfg, sd, step = run_weights(run_dir)
     model = Transformer(cfg.model)
     model.load_state_dict(sd, strict=True)

@@ -7,7 +7,8 @@ import torch
 
 pytest.importorskip("lm_eval", reason="pip install -e '.[hf]' (make test installs it)")
 
-from accellib.evaluate import cloze_items, evaluate_run, main as evaluate_main, ppl_docs, validation_text  # noqa: E402
+from accellib.evaluate import (cloze_context, cloze_items, frequency_baseline, main as evaluate_main,  # noqa: E402
+                               ppl_docs, validation_text)
 from accellib.records import read_record  # noqa: E402
 from accellib.train import training_function  # noqa: E402
 
@@ -31,7 +32,8 @@ def test_task_documents_are_the_validation_split(tiny_data_dir):
         answer = it["choices"][it["label"]]
         at = text.find(it["context"] + " " + answer)
         assert at >= 0 and len(it["context"]) == 60                      # the passage, then the answer
-        assert len({len(c) for c in it["choices"]}) == 1 and len(set(it["choices"])) == 4
+        assert len({len(c) for c in it["choices"]}) == 1 and len({c.lower() for c in it["choices"]}) == 4
+        assert all(f" {c}" in text for c in it["choices"])                 # distractors are words of the split
     assert cloze_items(text, n=50, context=60) == items                  # deterministic
 
 
@@ -57,7 +59,7 @@ def own_bits_per_byte(run, text):
 def test_lm_eval_scores_what_accellib_computes(trained, tiny_data_dir, capsys):
     assert evaluate_main([str(trained), "--limit", "2"]) == 0
     out = capsys.readouterr().out
-    assert "corpus_cloze  acc" in out and "bits_per_byte" in out
+    assert "corpus_cloze  acc" in out and "bits_per_byte" in out and "acc_frequency_rule" in out
     rec = read_record(trained)
     assert rec["final"]["val_loss"] > 0 and rec["lm_eval_info"]["n_docs"] == {"corpus_ppl": 2, "corpus_cloze": 2}
     docs = ppl_docs(validation_text(tiny_data_dir))[:2]
@@ -66,6 +68,9 @@ def test_lm_eval_scores_what_accellib_computes(trained, tiny_data_dir, capsys):
     expect = sum(own_bits_per_byte(trained, d["text"]) * k for d, k in zip(docs, n)) / sum(n)
     assert rec["lm_eval"]["corpus_ppl"]["bits_per_byte"] == pytest.approx(expect, rel=1e-4)
     assert 0 <= rec["lm_eval"]["corpus_cloze"]["acc"] <= 1
+    text = validation_text(tiny_data_dir)                                # the context-free rule, beside the model
+    items = cloze_items(text, context=cloze_context(32, 1.0))[:2]
+    assert rec["lm_eval"]["corpus_cloze"]["acc_frequency_rule"] == frequency_baseline(text, items)
     assert (trained / "hf" / "model.safetensors").is_file()
 
 
@@ -116,3 +121,9 @@ def test_evaluation_of_a_run_another_process_writes_is_refused(trained, capsys):
     finally:
         hold.kill()
         hold.wait()
+
+
+def test_frequency_rule_picks_the_most_frequent_choice():
+    text = "x aaaa aaaa aaaa bbbb bbbb cccc dddd"
+    items = [dict(choices=["bbbb", "aaaa", "cccc", "dddd"], label=1), dict(choices=["aaaa", "bbbb"], label=1)]
+    assert frequency_baseline(text, items) == 0.5
