@@ -39,6 +39,8 @@ def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None, below
 class DataConfig:
     path: str = opt("data/shakespeare", "token-data folder written by data_scripts/")
     mlm_prob: float = opt(0.15, "masking probability for model.kind=mlm", min=0.01, max=0.9)
+    verify: str = opt("cached", "checksums of the token files at start: cached = hash a file once, then trust it while "
+                      "its size and mtime are unchanged; full = hash every file at every start", choices=["cached", "full"])
 
 
 @dataclass
@@ -72,6 +74,12 @@ class TrainConfig:
                       "(the full-scale configs); cpu = the CPU even when CUDA is present",
                       choices=["auto", "cuda", "cpu"])
     threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0)
+    compile: str = opt("none", "none, or blocks = torch.compile each transformer block on its own, so a technique's "
+                       "changing plan (skipped blocks, PLD scales, kept tokens) reuses a few graphs", choices=["none", "blocks"])
+    compile_backend: str = opt("inductor", "torch.compile backend of train.compile (eager / aot_eager: to debug)",
+                               choices=["inductor", "aot_eager", "eager"])
+    peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "
+                            "accellib/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0)
     flops_budget: float = opt(0.0, "also stop once the training FLOPs (all processes) reach this; 0 = off "
                               "(compare --budget flops sets it to the baseline's)", min=0.0)
 

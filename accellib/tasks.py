@@ -53,9 +53,8 @@ class _Task:
 class LMTask(_Task):
     """Language modelling on a token folder (data/shakespeare, ...): next-token (gpt) or masked (mlm)."""
 
-    @staticmethod
-    def open(path):
-        return load_token_data(path)
+    def open(self, path):
+        return load_token_data(path, verify=self.cfg.data.verify)
 
     @property
     def n_blocks(self) -> int:
