@@ -83,6 +83,22 @@ def make_optimizer(params, o) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2))
 
 
+def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
+    """torch.compile each transformer block in place (train.compile=blocks). A whole-model compile sees a
+    new Python program whenever a technique's plan changes (a skipped block, a new PLD scale): 20 PLD steps
+    made 8 graphs and hit torch's recompile limit. One block is always the same function of (x, scale) or
+    of a (B, r, C) token subset, so each block needs a few graphs for the whole run: plain, scaled, and
+    one with a dynamic length for random-LTD (tests/test_efficiency.py counts them). The parameters keep
+    their names, so checkpoints and exports do not change."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise ConfigError(f"train.compile=blocks compiles transformer blocks, and model.kind="
+                          f"{getattr(getattr(model, 'cfg', None), 'kind', type(model).__name__)} has none; "
+                          "use train.compile=none")
+    for block in blocks:
+        block.compile(backend=backend)
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, out_dir: Optional[str | Path] = None, *,
                  data=None, model: Optional[torch.nn.Module] = None,
@@ -105,6 +121,8 @@ class Trainer:
         self.data = self.task.data
         torch.manual_seed(t.seed)  # same init on every rank
         model = model if model is not None else self.task.build_model()
+        if t.compile == "blocks":
+            compile_blocks(model, t.compile_backend)
         # an engine splits the model across processes (accellib/parallel/engine.py): it decides which
         # parameters this process steps; the full model stays here as the replica that is evaluated and saved
         self.engine = next((x for x in self.techniques if getattr(x, "splits_model", False)), None)
