@@ -1,0 +1,72 @@
+"""What the device can do, for the MFU and memory columns of every log line.
+
+MFU (model FLOPs utilisation, Chowdhery et al. 2022, PaLM App. B) = the model's analytic training
+FLOPs per second (accellib/flops.py: 6 N per token plus attention, no recomputation counted) divided
+by the peak FLOP/s of the devices. The peak is the vendor's dense tensor-core number for the precision
+the run computes in (bf16 autocast, or TF32 for fp32 matmuls on CUDA), or `train.peak_flops` when set.
+A CPU has no such table: its "peak" is measured once per process, as the FLOP/s of a 1024^3 fp32
+matmul on the threads torch uses, so a CPU MFU reads "fraction of what this machine's GEMM reaches"
+and is not comparable with a GPU's.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from functools import lru_cache
+
+import torch
+
+# dense (not 2:4 sparse) peak FLOP/s from the vendors' data sheets, by a substring of the device name
+PEAK_FLOPS = {
+    "H200": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM
+    "H100": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM; the PCIe card is lower: set train.peak_flops
+    "A100": dict(bf16=312e12, tf32=156e12, fp32=19.5e12),
+    "L40S": dict(bf16=362e12, tf32=183e12, fp32=91.6e12),
+    "A10": dict(bf16=125e12, tf32=62.5e12, fp32=31.2e12),
+    "4090": dict(bf16=165e12, tf32=82.6e12, fp32=82.6e12),
+}
+
+
+@lru_cache(maxsize=None)
+def measured_cpu_flops(n: int = 1024, reps: int = 5) -> float:
+    """FLOP/s of the best of `reps` n x n x n fp32 matmuls on this process's torch threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> float | None:
+    """Peak FLOP/s of one device computing in `precision` ("bf16" or "fp32"); None when unknown
+    (a GPU missing from the table: set train.peak_flops)."""
+    if override:
+        return override
+    if device.type == "cpu":
+        return measured_cpu_flops()
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    key = "bf16" if precision == "bf16" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+    return next((v[key] for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """The most memory this process has held: CUDA's peak allocation on a GPU, else the process's
+    peak resident set (Linux reports KiB, macOS bytes)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1e9 if sys.platform == "darwin" else rss * 1024 / 1e9
+
+
+def enable_fast_math(device: torch.device) -> None:
+    """On CUDA, fp32 matmuls and convolutions run on TF32 tensor cores (10-bit mantissa inputs,
+    fp32 accumulation), as nanoGPT does; bf16 autocast regions are unaffected. Nothing on a CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
