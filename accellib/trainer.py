@@ -54,6 +54,7 @@ class TrainState:
     win_tokens: int = 0
     win_wall: float = 0.0
     win_grad_norm: float = 0.0   # largest pre-clip gradient norm in the window (spikes show here first)
+    win_flops: float = 0.0       # FLOPs of the window's steps (for its MFU)
     win_metrics: dict = field(default_factory=dict)  # the task's train metrics summed over the window (e.g. acc)
 
     def state_dict(self) -> dict:
@@ -148,7 +149,14 @@ class Trainer:
         for tech in self.techniques:
             self.accelerator.register_for_checkpointing(tech)  # has state_dict / load_state_dict
         self.last_lr = self.lr_schedule(self.state)
-        self.last_grad_norm = 0.0
+        self.last_grad_norm = torch.zeros(())  # a device tensor after the first step (read it at log steps only)
+        # the open log window's sums, kept on the device until a log step or a checkpoint reads them (_flush):
+        # reading a number from a GPU waits for all the work queued before it, so doing it every step would
+        # stall the host and leave the GPU idle while Python prepares the next step
+        self._window: dict = {}
+        self._prefetched = None  # (step, batches) drawn ahead during the previous step
+        self.prefetch = self.accelerator.device.type == "cuda"  # one batch ahead, while the GPU still computes
+        self.precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
         self.out = Path(out_dir) if out_dir is not None else None
         self.saved_step: Optional[int] = None  # step of the checkpoint on disk (None: none yet)
         self._eval = None
@@ -169,11 +177,19 @@ class Trainer:
         """This rank's micro-batches of optimizer step `step`. Micro-batch m of rank r is global
         micro-batch m * world + r, drawn from (seed, step, that index): so 2 processes x 1
         micro-batch see exactly the data of 1 process x 2 micro-batches."""
-        out, (world, rank) = [], self.dp
+        out, (world, rank), dev = [], self.dp, self.accelerator.device
         for m in range(self.cfg.train.grad_accum):
             x, y = self.task.batch(step + self.data_offset, m * world + rank)
-            out.append((x.to(self.accelerator.device), y.to(self.accelerator.device)))
+            if dev.type == "cuda":  # page-locked host memory: the copy runs asynchronously, beside compute
+                x, y = x.pin_memory(), y.pin_memory()
+            out.append((x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)))
         return out
+
+    def _step_batches(self, step: int) -> list:
+        """Step `step`'s batches: the ones prefetched during the previous step when they are for this
+        step, else drawn now. Batches depend on (seed, step, index) only, so prefetching never changes them."""
+        ready, self._prefetched = self._prefetched, None
+        return ready[1] if ready is not None and ready[0] == step else self.batches(step)
 
     def plan(self, step: int, micro_step: int) -> Plan:
         """The plan of one micro-batch: the full model, then each technique fills its part.
@@ -198,12 +214,15 @@ class Trainer:
         return loss, total
 
     # ------------------------------------------------------------------ one step
-    def train_step(self) -> float:
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns its training loss (mean over micro-batches and processes) as a
+        0-d tensor on the device. Nothing here reads a number back to the host: the loss, the gradient
+        norm and the task's metrics are summed on the device (see _flush for when they are read)."""
         cfg, st, acc = self.cfg, self.state, self.accelerator
         self.model.train()
         t0 = time.perf_counter()
         self.step_metrics = {}
-        batches = self.batches(st.step)
+        batches = self._step_batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
         losses = None
         if self.engine is not None:  # the model is split across processes: the engine runs the step
@@ -222,21 +241,19 @@ class Trainer:
                     loss, total = self.forward_loss(x, y, plan)
                     acc.backward(total / len(batches))
                 losses.append(loss.detach())
-        loss = torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in losses]).mean()
+        loss = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=acc.device) for v in losses]).mean()
         if self.engine is None:
-            loss = acc.reduce(loss.to(acc.device), "mean")  # the same number on every rank
-        loss = loss.item()
+            loss = acc.reduce(loss, "mean")  # the same number on every rank (a collective, not a host read)
+        metrics = {}
         for k, v in self.step_metrics.items():  # e.g. accuracy: the mean over micro-batches and processes
             v = torch.stack(v).float().mean()
-            st.win_metrics[k] = st.win_metrics.get(k, 0.0) + (acc.reduce(v.to(acc.device), "mean").item()
-                                                              if self.engine is None else v.item())
-        if not math.isfinite(loss):
-            self._diverged(f"training loss is {loss} at step {st.step + 1}")
+            metrics[k] = acc.reduce(v, "mean") if self.engine is None else v
         # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
         max_norm = cfg.optim.grad_clip or float("inf")
         norm = (acc.clip_grad_norm_(self.model.parameters(), max_norm) if self.engine is None
                 else self.engine.clip_grad_norm_(max_norm))
-        self.last_grad_norm = float(norm)
+        self.last_grad_norm = torch.as_tensor(norm, dtype=torch.float32, device=acc.device).detach()
+        self._accumulate(loss.detach(), self.last_grad_norm, metrics)
         lr = self.lr_schedule(st)
         for tech in self.techniques:
             lr *= tech.lr_factor(st)
@@ -246,17 +263,53 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
         # counters (all processes: this rank's work x world size; plans are identical across ranks)
         world, task = self.dp[0], self.task
+        step_flops = world * sum(task.micro_flops(p) for p in plans)
         st.step += 1
         st.tokens += world * task.micro_tokens() * len(batches)
-        st.flops += world * sum(task.micro_flops(p) for p in plans)
+        st.flops += step_flops
+        st.win_flops += step_flops
         st.layer_tokens += world * sum(task.micro_layer_tokens(p) for p in plans)
         st.blocks_run += sum(p.executed() for p in plans)
         st.micro_batches += len(plans)
         self.last_lr = lr
         for tech in self.techniques:  # inside the timed region: e.g. SBLD's profiling is a real cost
             tech.step_end(self)
+        if self.prefetch:  # the host draws the next batches while the device works through this step
+            self._prefetched = (st.step, self.batches(st.step))
         st.wall += time.perf_counter() - t0
         return loss
+
+    def _accumulate(self, loss: torch.Tensor, grad_norm: torch.Tensor, metrics: dict) -> None:
+        """Add one step to the device-side window: loss and metric sums in float64 (a sum of float32
+        values of similar size is then exact, so a window split by a checkpoint and a resume sums to the
+        same number as an unsplit one), the largest gradient norm."""
+        w = self._window
+        w["loss"] = w.get("loss", 0) + loss.double()
+        w["grad_norm"] = torch.maximum(w["grad_norm"], grad_norm) if "grad_norm" in w else grad_norm
+        for k, v in metrics.items():
+            w[f"m_{k}"] = w.get(f"m_{k}", 0) + v.double()
+        w["steps"] = w.get("steps", 0) + 1
+
+    def _flush(self) -> None:
+        """Move the device-side window into the TrainState (one host read for every number), at log steps
+        and before every checkpoint. A non-finite training loss stops the run here, so a diverged model is
+        never logged as a number nor checkpointed."""
+        w, st = self._window, self.state
+        if not w:
+            return
+        self._window = {}
+        keys = [k for k in w if k != "steps"]
+        values = torch.stack([w[k].double().reshape(()) for k in keys]).tolist()
+        got = dict(zip(keys, values))
+        first, last = st.step - w["steps"] + 1, st.step
+        st.win_steps += w["steps"]
+        if not math.isfinite(got["loss"]):
+            self._diverged(f"training loss is {got['loss']} in steps {first}-{last}" if first < last
+                           else f"training loss is {got['loss']} at step {last}")
+        st.win_loss += got.pop("loss")
+        st.win_grad_norm = max(st.win_grad_norm, got.pop("grad_norm"))
+        for k, v in got.items():
+            st.win_metrics[k[2:]] = st.win_metrics.get(k[2:], 0.0) + v
 
     # ------------------------------------------------------------------ evaluation
     def _eval_loader(self):
@@ -306,6 +359,7 @@ class Trainer:
         """Write the full state to checkpoints/last atomically: save to a temp folder, then swap,
         so a crash mid-save never destroys the previous checkpoint."""
         acc, ck = self.accelerator, self.checkpoint_dir()
+        self._flush()  # the open window's sums go into the checkpoint; a NaN loss stops the run here
         if self.engine is not None:
             self.engine.sync_replica()
         if not self.weights_finite():  # never replace a good checkpoint by a diverged model
@@ -399,6 +453,15 @@ class Trainer:
             tracker.finish()
         self.accelerator.trackers.clear()
 
+    def _efficiency(self, flops: float, wall: float) -> dict:
+        """MFU of a window (its model FLOPs per second over the peak of every device the run uses; see
+        accellib/hardware.py) and this process's peak memory so far, in GB."""
+        acc, out = self.accelerator, dict(peak_mem_gb=round(peak_memory_gb(self.accelerator.device), 3))
+        peak = peak_flops(acc.device, self.precision, self.cfg.train.peak_flops)
+        if peak and wall > 0:
+            out["mfu"] = round(flops / wall / (peak * acc.num_processes), 5)
+        return out
+
     def _train_record(self, loss: float, window_tokens: int, window_wall: float, grad_norm: float = 0.0) -> dict:
         st = self.state
         rec = dict(step=st.step, train_loss=round(loss, 5), grad_norm=round(grad_norm, 5), lr=self.last_lr, tokens=st.tokens,
@@ -443,18 +506,18 @@ class Trainer:
         final = {}
         while not self.finished():
             tok0, wall0 = st.tokens, st.wall
-            loss = self.train_step()
-            st.win_loss, st.win_steps = st.win_loss + loss, st.win_steps + 1
+            self.train_step()
             st.win_tokens, st.win_wall = st.win_tokens + st.tokens - tok0, st.win_wall + st.wall - wall0
-            st.win_grad_norm = max(st.win_grad_norm, self.last_grad_norm)
             bar.update(1)
             done = self.finished()
             do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
             if st.step % t.log_every == 0 or do_eval:
+                self._flush()
                 rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
                 rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
+                rec.update(self._efficiency(st.win_flops, st.win_wall))
                 st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
-                st.win_metrics = {}
+                st.win_metrics, st.win_flops = {}, 0.0
                 if do_eval:
                     rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
                     bar.set_postfix(val=f"{rec['val_loss']:.3f}")
@@ -475,13 +538,19 @@ def _is_number(v) -> bool:
 
 
 def log_line(rec: dict, total: int) -> str:
-    """One console line per logged step, e.g. `step 100/3000  train 2.3456  val 2.4012  lr 3.0e-04  ...`."""
+    """One console line per logged step, e.g.
+    `step 100/3000  train 2.3456  val 2.4012  lr 3.0e-04  gnorm 0.412  81,920 tok/s  mfu 41.2%  mem 23.10GB  95s`."""
     parts = [f"step {rec['step']}/{total}", f"train {rec['train_loss']:.4f}"]
     if "val_loss" in rec:
         parts.append(f"val {rec['val_loss']:.4f}")
     if "val_acc" in rec:
         parts.append(f"acc {rec['val_acc']:.4f}")
-    parts += [f"lr {rec['lr']:.2e}", f"{rec['tok_per_s']:,.0f} tok/s", f"{rec['wall']:.0f}s"]
+    parts += [f"lr {rec['lr']:.2e}", f"gnorm {rec['grad_norm']:.3f}", f"{rec['tok_per_s']:,.0f} tok/s"]
+    if "mfu" in rec:
+        parts.append(f"mfu {rec['mfu']:.1%}")
+    if "peak_mem_gb" in rec:
+        parts.append(f"mem {rec['peak_mem_gb']:.2f}GB")
+    parts.append(f"{rec['wall']:.0f}s")
     return "  ".join(parts)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from accellib.config import load_config
+from accellib.records import TIMING_FIELDS
 
 torch.set_num_threads(1)
 
@@ -103,7 +104,7 @@ def crash_and_resume(cfg_factory, kw: dict, tmp_path, monkeypatch, crash_after: 
         training_function(cfg_factory(**kw), tmp_path / "part")
     monkeypatch.setattr(Trainer, "train_step", orig)
     assert main(["--resume", str(tmp_path / "part")]) == 0
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]
     return (strip(read_metrics(tmp_path / "full")), strip(read_metrics(tmp_path / "part")),
             read_record(tmp_path / "full"), read_record(tmp_path / "part"))
 

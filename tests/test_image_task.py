@@ -16,6 +16,7 @@ from accellib.tasks import make_task
 from accellib.techniques import REGISTRY
 from accellib.trainer import Trainer
 from conftest import crash_and_resume, image_overrides, tiny_overrides
+from accellib.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SL = {"standardization_loss.enabled": "true"}
@@ -262,7 +263,7 @@ def test_kill9_mid_run_then_resume_matches_the_uninterrupted_run(digits_dir, tmp
     kill9_after(["--out", str(run), *image_overrides(digits_dir, **kw)], run, 30, tmp_path)
     assert len(read_metrics(run)) < 400                       # killed before the end
     assert main(["--resume", str(run)]) == 0
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]
     assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "full"))
 
 

@@ -14,6 +14,7 @@ from accellib.techniques import multilevel as ml
 from accellib.techniques.vcycle import baseline_flops, plan_stages, run_vcycle, stage_flops
 from accellib.trainer import Trainer
 from conftest import tiny_overrides
+from accellib.records import TIMING_FIELDS
 
 CFG = ModelConfig(vocab_size=40, seq_len=12, n_layer=4, n_head=4, d_model=32, tie_head=False)
 
@@ -223,7 +224,7 @@ def test_vcycle_flops_ledger_and_transitions(tiny_data_dir, tmp_path):
 
 
 def _metrics_wo_time(run):
-    return [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in read_metrics(run)]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_metrics(run)]
 
 
 @pytest.mark.parametrize("crash_call", [3, 5, 6])  # stage 1 before its first checkpoint, stage 1 after it, stage 2 step 0

@@ -18,6 +18,7 @@ from accellib.records import read_metrics
 from accellib.train import main, training_function
 from accellib.trainer import Trainer
 from conftest import crash_and_resume, kill9_after, tiny_overrides
+from accellib.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +116,7 @@ def test_interrupted_compare_resumes(tiny_data_dir, tmp_path, monkeypatch):
     kept = (tmp_path / "part" / "baseline" / "record.json").stat().st_mtime_ns
     part = run_arms(cfg, tmp_path / "part", resume=True)
     assert (tmp_path / "part" / "baseline" / "record.json").stat().st_mtime_ns == kept   # not retrained
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]
     for arm in ("baseline", "pld"):
         assert strip(read_metrics(tmp_path / "part" / arm)) == strip(read_metrics(tmp_path / "full" / arm))
         assert part[arm]["val_loss"] == full[arm]["val_loss"]

@@ -15,9 +15,10 @@ from accellib.parallel.ouroboros import default_split, delays, placement
 from accellib.records import read_metrics
 from accellib.trainer import Trainer
 from conftest import crash_and_resume, kill9_after, tiny_overrides, train_run as _train
+from accellib.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
-STRIP = ("wall", "tok_per_s")
+STRIP = TIMING_FIELDS
 
 
 def _trainer(data_dir, **kw):

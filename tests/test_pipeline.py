@@ -15,6 +15,7 @@ from accellib.parallel.pipeline import PipelineError, check_config, placement, s
 from accellib.records import read_metrics
 from accellib.trainer import Trainer
 from conftest import tiny_overrides, train_run as _train
+from accellib.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2}
@@ -64,7 +65,7 @@ def test_pipelined_run_resumes_exactly(tiny_data_dir, tmp_path):
         launch_processes(_train, (tiny_data_dir, tmp_path / "part", kw, 3), 2, timeout_s=120, start_method="spawn")
     launch_processes(_train, (tiny_data_dir, tmp_path / "part", kw, None, True), 2, timeout_s=120,
                      start_method="spawn")
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall", "tok_per_s")} for r in rs]
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]
     assert strip(read_metrics(tmp_path / "full")) == strip(read_metrics(tmp_path / "part"))
 
 

@@ -213,7 +213,7 @@ def _timed_jobs(jobs: list[list[str]], out_dir: str) -> None:
         for _ in range(tr.cfg.train.steps):
             tr.accelerator.wait_for_everyone()
             t0 = time.perf_counter()
-            losses.append(tr.train_step())
+            losses.append(float(tr.train_step()))
             times.append(time.perf_counter() - t0)
         res.append(dict(times=times, losses=losses))
     Path(out_dir, f"rank{dist.get_rank() if dist.is_initialized() else 0}.json").write_text(json.dumps(res))
