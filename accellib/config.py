@@ -282,6 +282,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.init_from={m.init_from!r} is not hf:PATH_OR_NAME, e.g. hf:gpt2 or hf:runs/x/hf")
     if m.init_from and m.kind != "gpt":
         raise ConfigError(f"model.init_from loads a causal GPT-2 and needs model.kind=gpt, not {m.kind}")
+    if cfg.train.compile == "blocks" and m.kind in ("cnn", "mlp"):
+        raise ConfigError(f"train.compile=blocks compiles transformer blocks, and model.kind={m.kind} has none; "
+                          "use train.compile=none")
     if m.vocab_size and m.kind == "mlm" and m.vocab_size < 3:
         raise ConfigError("model.vocab_size must be >= 3 for model.kind=mlm")
     for name, c in cfg.techniques.items():

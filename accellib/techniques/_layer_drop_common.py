@@ -70,8 +70,8 @@ def expected_executed(theta: float, n_layer: int, convention: str = "paper") -> 
 def draw_gates(probs: list[float], seed: int, step: int, micro_step: int) -> list[bool]:
     """One Bernoulli(p_l) gate per block from (seed, step, micro_step); never all False."""
     g = generator_for(seed, step, micro_step, _GATE_TAG)
-    u = torch.rand(len(probs), generator=g, dtype=torch.float64)  # (L,)
-    gates = [bool(u[i] < p) for i, p in enumerate(probs)]
+    u = torch.rand(len(probs), generator=g, dtype=torch.float64).tolist()  # (L,), a CPU draw: the plan is host-side
+    gates = [u_l < p for u_l, p in zip(u, probs)]
     if not any(gates):  # keep at least one block: the most likely one (lowest index on ties)
         gates[max(range(len(probs)), key=lambda i: (probs[i], -i))] = True
     return gates

@@ -217,7 +217,7 @@ class SensitivityLayerDrop(LayerDropTechnique):
         s = (losses[:, 1:] - losses[:, :1]).clamp_min(0).mean(0)   # (L,)
         s = acc.reduce(s.to(acc.device), "mean").cpu()
         model.train(was_training)
-        self.sensitivity = [float(v) for v in s]
+        self.sensitivity = s.tolist()  # one host read per profiling: the plan is decided on the host
         self.block = block_list(self.sensitivity, self.cfg.block_fraction, self.cfg.block_threshold)
         self.profiled_at.append(trainer.state.step)
         self._cache, self._warned = {}, False
