@@ -1,0 +1,63 @@
+"""The throughput benchmark and the GPU check run end to end on a CPU (as subprocesses, one thread each):
+throughput.py --quick prints its table and writes nothing; gpu_check.py --smoke trains every arm for 3 steps
+and writes one finite record per arm to --out; gpu_check.sh stops in one line without CUDA."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable)
+
+
+def run(*cmd: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_throughput_quick_prints_every_loop_and_ratio_and_writes_nothing():
+    results = ROOT / "results" / "throughput_cpu.json"
+    before = results.stat().st_mtime_ns if results.exists() else None
+    # the eager backend keeps the test fast; compilation itself (inductor) is what the full run times
+    p = run(sys.executable, "benchmarks/throughput.py", "--quick", "--compile-backend", "eager")
+    assert p.returncode == 0, p.stderr[-2000:]
+    for loop in ("plain", "accellib", "plain+compile", "accellib+compile"):
+        assert re.search(rf"^{re.escape(loop)}\s+\d+\s+\d+\.\.\d+", p.stdout, re.M), p.stdout
+    for name in ("accellib / plain", "accellib+compile / plain+compile", "accellib+compile / accellib",
+                 "plain+compile / plain"):
+        m = re.search(rf"^ratio {re.escape(name)}\s+(\d+\.\d+)", p.stdout, re.M)
+        assert m and 0 < float(m[1]) < 10, p.stdout
+    assert "(target >= 0.97)" in p.stdout
+    assert "graphs compiled during timing: 0" in p.stdout
+    assert (results.stat().st_mtime_ns if results.exists() else None) == before  # --quick writes no results
+
+
+def test_gpu_check_smoke_writes_one_finite_record_per_arm(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    p = run(sys.executable, "benchmarks/gpu_check.py", "--smoke", "--out", str(out))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    assert rec["device"] == "cpu" and rec["smoke"] and rec["git_commit"] and not rec["failed"]
+    assert set(rec["arms"]) == {"baseline", "pld", "sbld", "random_ltd", "multilevel", "standardization_loss"}
+    for name, arm in rec["arms"].items():
+        f = arm["final"]
+        for k in ("tok_per_s", "train_loss", "val_loss", "tokens", "wall"):
+            assert math.isfinite(f[k]) and f[k] > 0, (name, k, f)
+        assert f["step"] >= 3, (name, f)
+    assert "target" not in rec  # no MFU verdict on a CPU
+    assert not (ROOT / "results" / "gpu_check_cpu.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gets")
+def test_gpu_check_sh_without_cuda_stops_in_one_line():
+    p = run("bash", "benchmarks/gpu_check.sh", timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "no CUDA GPU is visible" in p.stderr
+    assert p.stdout == ""
