@@ -21,7 +21,7 @@ def _train_and_dump(data_dir, out_dir, extra):
     from accellib.trainer import Trainer
     cfg = load_config(None, tiny_overrides(data_dir, **extra))
     tr = Trainer(cfg)
-    losses = [tr.train_step() for _ in range(3)]
+    losses = [float(tr.train_step()) for _ in range(3)]
     val = tr.evaluate()["val_loss"]
     flat = torch.cat([p.detach().flatten() for p in tr.raw_model.parameters()])
     rank, world = tr.accelerator.process_index, tr.accelerator.num_processes

@@ -52,10 +52,9 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..config import opt
-from ..model import run_block
+from ..model import lm_loss, run_block
 from ..techniques import register
 from ..techniques.base import Technique
 
@@ -191,8 +190,7 @@ class LayeredAccumulation(Technique):
                         out = run_block(model.blocks[s - 1], h, plans[i].blocks[s - 1])
                     else:
                         logits = model.lm_head(model.transformer.ln_f(h))             # (B, T, V)
-                        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                                               y.reshape(-1), ignore_index=-100)
+                        loss = lm_loss(logits, y)   # the model's own loss, so the gradients stay bitwise equal
                         total = loss
                         for tech in trainer.techniques:
                             extra = tech.extra_loss(model, x, y, logits)
