@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .losses import cross_entropy
 
 @dataclass
 class ModelConfig:
@@ -224,5 +225,6 @@ def head(ln_f: nn.LayerNorm, lm_head: nn.Linear, x: torch.Tensor) -> torch.Tenso
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over targets != -100 (MLM's unscored positions), computed in fp32."""
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+    """Mean cross-entropy over targets != -100 (MLM's unscored positions), computed in fp32 a chunk of
+    rows at a time, so bf16 logits are never copied whole to fp32 (accellib/losses.py)."""
+    return cross_entropy(logits, targets)
