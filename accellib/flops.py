@@ -7,7 +7,10 @@ Counting convention (Kaplan et al. 2020, §2.1; PaLM App. B), per sequence, one 
       weights x V       2 * n * n * d       causal or not)
       output proj       2 * n * d * d
       FFN               2 * n * d * rd * 2
-  LM head              2 * T * d * V       (all T positions; the head is never dropped)
+  LM head              2 * h * d * V       (h = the positions the head scores, never dropped by a plan:
+                                            all T for a causal LM; for a masked LM only its k =
+                                            max(1, round(mlm_prob * T)) masked positions, which is all
+                                            Transformer.forward scores with `positions`)
   backward = 2 x forward, so a training step = 3 x forward.
 LayerNorm, GELU, softmax, embeddings and the optimizer are left out (< 2% at our sizes).
 A skipped block costs 0; a block that sees k of T tokens costs block_forward(k).
@@ -25,6 +28,7 @@ def block_forward_flops(cfg: ModelConfig, n_tokens: int) -> int:
 
 
 def head_forward_flops(cfg: ModelConfig, n_tokens: int) -> int:
+    """The vocabulary projection on n_tokens scored positions of one sequence."""
     return 2 * n_tokens * cfg.d_model * cfg.vocab_size
 
 
@@ -36,14 +40,23 @@ def block_tokens(plan: Optional[Plan], n_layer: int, seq_len: int) -> list[int]:
             for b in plan.blocks]
 
 
-def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, plan: Optional[Plan] = None) -> int:
+def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, plan: Optional[Plan] = None,
+                  head_tokens: Optional[int] = None) -> int:
+    """Forward FLOPs of `batch` sequences; the head scores `head_tokens` positions of each (a masked
+    LM's k: LMTask.head_tokens), all seq_len when None. A masked LM must say how many."""
+    if head_tokens is None:
+        if cfg.kind == "mlm":
+            raise ValueError("a masked LM's head scores only its masked positions: pass head_tokens "
+                             "(accellib.tasks.mlm_labels_per_row(seq_len, mlm_prob))")
+        head_tokens = seq_len
     per_seq = sum(block_forward_flops(cfg, n) for n in block_tokens(plan, cfg.n_layer, seq_len) if n)
-    return batch * (per_seq + head_forward_flops(cfg, seq_len))
+    return batch * (per_seq + head_forward_flops(cfg, head_tokens))
 
 
-def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, plan: Optional[Plan] = None) -> int:
+def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, plan: Optional[Plan] = None,
+                     head_tokens: Optional[int] = None) -> int:
     """Forward + backward FLOPs of one micro-batch of `batch` sequences under `plan`."""
-    return 3 * forward_flops(cfg, batch, seq_len, plan)
+    return 3 * forward_flops(cfg, batch, seq_len, plan, head_tokens)
 
 
 def layer_tokens(plan: Optional[Plan], n_layer: int, batch: int, seq_len: int) -> int:

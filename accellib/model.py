@@ -14,6 +14,12 @@ layer loop of `Transformer.forward`:
                                    through unchanged (random-LTD); None = all tokens
 
 `plan=None` is the plain model, and so is `Plan.full(n_layer)` (tested bitwise).
+
+A masked LM scores only its masked positions: `forward(..., positions=labelled_positions(y, k))` runs
+the head (final LayerNorm + vocabulary projection) on those k of T positions only, which is the same
+loss and gradient as scoring all T and ignoring the -100 labels, at k/T of the head's cost (BERT's
+own pretraining code gathers the masked positions the same way: Devlin et al. 2019,
+run_pretraining.py's gather_indexes).
 """
 from __future__ import annotations
 
@@ -172,9 +178,12 @@ class Transformer(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                plan: Optional[Plan] = None):
+                plan: Optional[Plan] = None, positions: Optional[torch.Tensor] = None):
         """idx (B, T) token ids -> logits (B, T, V); with targets (B, T), also the mean
-        cross-entropy over targets != -100 (ignored positions: MLM's unmasked tokens)."""
+        cross-entropy over targets != -100 (ignored positions: MLM's unmasked tokens).
+        positions (B, k), distinct per row: the head scores only these positions, so the logits are
+        (B, k, V) and the loss reads the targets there; every position with a target != -100 must be
+        among them (labelled_positions makes such positions)."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} > model.seq_len={self.cfg.seq_len}")
@@ -183,6 +192,9 @@ class Transformer(nn.Module):
         x = self.embed(idx)
         for i, block in enumerate(self.blocks):
             x = run_block(block, x, None if plan is None else plan.blocks[i])
+        if positions is not None:
+            x = torch.gather(x, 1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))   # (B, k, C)
+            targets = None if targets is None else torch.gather(targets, 1, positions)
         logits = self.head(x)
         return logits, (None if targets is None else lm_loss(logits, targets))
 
@@ -228,3 +240,13 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over targets != -100 (MLM's unscored positions), computed in fp32 a chunk of
     rows at a time, so bf16 logits are never copied whole to fp32 (accellib/losses.py)."""
     return cross_entropy(logits, targets)
+
+
+def labelled_positions(labels: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, k) positions, ascending, holding every label (!= -100) of each row of labels (B, T).
+
+    The k largest of (labels != -100) per row, by topk: no boolean indexing or nonzero, so no wait for
+    the device (the count of labels is never read on the host). Precondition: no row has more than k
+    labels (accellib.data.mask_tokens labels exactly k per row); a row with fewer is filled up with
+    unlabelled positions, whose -100 targets the loss ignores."""
+    return (labels != -100).float().topk(k, dim=1, sorted=False).indices.sort(dim=1).values

@@ -29,7 +29,7 @@ import torch.nn.functional as Fn
 from . import flops as F
 from .config import ConfigError
 from .data import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
-from .model import Plan, Transformer
+from .model import Plan, Transformer, labelled_positions
 
 IMAGE_KINDS = ("vit", "cnn", "mlp")
 
@@ -90,8 +90,18 @@ class LMTask(_Task):
             x, y = mask_tokens(x, self.data.mask_id, c.model.vocab_size, g, c.data.mlm_prob)
         return x, y
 
+    def head_tokens(self, seq_len: int) -> int:
+        """Positions per sequence the LM head scores: all of them (gpt), or the masked ones (mlm)."""
+        return mlm_labels_per_row(seq_len, self.cfg.data.mlm_prob) if self.cfg.model.kind == "mlm" else seq_len
+
+    def positions(self, y) -> Optional[torch.Tensor]:
+        """For mlm, the (B, k) positions of y's labels, where the head runs (Transformer.forward); else None."""
+        return labelled_positions(y, self.head_tokens(y.size(1))) if self.cfg.model.kind == "mlm" else None
+
     def forward(self, model, x, y, plan: Optional[Plan]):
-        logits, loss = model(x, y, plan=plan)
+        """The logits returned (techniques' extra_loss gets them) are (B, T, V), or for mlm (B, k, V):
+        the masked positions only."""
+        logits, loss = model(x, y, plan=plan, positions=self.positions(y))
         return logits, loss, {}
 
     def eval_data(self):
@@ -104,7 +114,10 @@ class LMTask(_Task):
         return x, y
 
     def eval_sums(self, model, x, y) -> dict:
-        logits, _ = model(x)
+        pos = self.positions(y)
+        logits, _ = model(x, positions=pos)
+        if pos is not None:
+            y = torch.gather(y, 1, pos)   # (b, k): the labels where the head ran
         nll = Fn.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-100, reduction="none")  # (b, T)
         valid = (y != -100).float()
         return dict(loss=(nll * valid).sum(1), count=valid.sum(1))
@@ -116,7 +129,8 @@ class LMTask(_Task):
 
     def micro_flops(self, plan: Optional[Plan]) -> float:
         c = self.cfg
-        return F.train_step_flops(c.model, c.train.batch_size, c.model.seq_len, plan)
+        return F.train_step_flops(c.model, c.train.batch_size, c.model.seq_len, plan,
+                                  head_tokens=self.head_tokens(c.model.seq_len))
 
     def micro_tokens(self) -> int:
         return self.cfg.train.batch_size * self.cfg.model.seq_len
@@ -215,6 +229,11 @@ class ImageTask(_Task):
 
     def references(self) -> dict:
         return {"uniform": math.log(self.data.n_classes)}  # the loss of guessing every class alike
+
+
+def mlm_labels_per_row(seq_len: int, prob: float) -> int:
+    """Positions accellib.data.mask_tokens labels in each row of seq_len tokens: k = max(1, round(prob*T))."""
+    return max(1, round(prob * seq_len))
 
 
 def is_image_kind(kind: str) -> bool:

@@ -87,3 +87,90 @@ def test_loss_ignores_minus_100():
     logits, loss = m(x, y)
     ref = torch.nn.functional.cross_entropy(logits[:, 3], x[:, 3])
     torch.testing.assert_close(loss, ref)
+
+
+# ----------------------------------------------------------------------------- MLM: the head on masked positions only
+def mlm_batch(b=4, t=16, v=50, k=3, seed=1):
+    from accellib.data import mask_tokens
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, v - 1, (b, t), generator=g)
+    x, y = mask_tokens(x, v - 1, v, g, prob=k / t)
+    assert torch.all((y != -100).sum(1) == k)
+    return x, y
+
+
+def grads(m, x, y, **kw):
+    m.zero_grad(set_to_none=True)
+    _, loss = m(x, y, **kw)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def plans(cfg):
+    """No plan, a skipped + a scaled block, and random-LTD token subsets (which may drop masked positions)."""
+    skip = Plan.full(cfg.n_layer)
+    skip.blocks[0].run, skip.blocks[2].scale = False, 2.0
+    keep = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(i))[:9].sort().values
+                        for i in range(4)])
+    return [None, skip, Plan([BlockPlan(), BlockPlan(keep=keep), BlockPlan()])]
+
+
+def test_mlm_head_on_masked_positions_only_gives_the_same_loss_and_gradients():
+    from accellib.model import labelled_positions
+    for tie in (True, False):
+        m, cfg = make("mlm", tie_head=tie)
+        m.train()
+        x, y = mlm_batch()
+        pos = labelled_positions(y, 3)
+        for plan in plans(cfg):
+            loss_full, g_full = grads(m, x, y, plan=plan)
+            loss_k, g_k = grads(m, x, y, plan=plan, positions=pos)
+            torch.testing.assert_close(loss_k, loss_full, rtol=1e-6, atol=0)
+            assert g_k.keys() == g_full.keys()
+            for n in g_full:
+                torch.testing.assert_close(g_k[n], g_full[n], rtol=1e-5, atol=1e-8, msg=n)
+        logits, _ = m(x, positions=pos)
+        assert logits.shape == (4, 3, 50)
+        torch.testing.assert_close(logits, m(x)[0].gather(1, pos[..., None].expand(-1, -1, 50)))
+
+
+def test_labelled_positions_hold_every_label():
+    from accellib.model import labelled_positions
+    y = torch.full((3, 10), -100)
+    y[0, [1, 4, 9]] = 7          # exactly k = 3 labels
+    y[1, [0]] = 5                # fewer: filled up with unlabelled positions
+    pos = labelled_positions(y, 3)
+    assert pos[0].tolist() == [1, 4, 9] and 0 in pos[1].tolist()
+    assert all(len(set(r)) == 3 and r == sorted(r) for r in pos.tolist())
+
+
+def test_mask_tokens_never_labels_more_than_the_heads_k():
+    # labelled_positions' precondition: the task's k is exactly the number of labels mask_tokens makes
+    from accellib.data import mask_tokens
+    from accellib.tasks import mlm_labels_per_row
+    for t in (1, 2, 7, 16, 33, 128, 512):
+        for prob in (0.01, 0.15, 0.2, 0.5, 1.0):
+            _, y = mask_tokens(torch.zeros(3, t, dtype=torch.long), 1, 5, torch.Generator().manual_seed(t), prob)
+            assert torch.all((y != -100).sum(1) == mlm_labels_per_row(t, prob)), (t, prob)
+
+
+def test_mlm_task_scores_masked_positions_only(tiny_cfg):
+    from accellib.tasks import make_task
+    cfg = tiny_cfg(**{"model.kind": "mlm"})
+    task = make_task(cfg)
+    task.configure()
+    torch.manual_seed(0)
+    model = task.build_model()
+    x, y = task.batch(0, 0)
+    k = task.head_tokens(32)
+    assert k == round(0.15 * 32) == 5
+    logits, loss, _ = task.forward(model, x, y, None)
+    assert logits.shape == (8, k, cfg.model.vocab_size)
+    torch.testing.assert_close(loss, model(x, y)[1], rtol=1e-6, atol=0)
+    with torch.no_grad():   # the evaluation sums too: the same per-example losses as the full head
+        xv, yv = task.eval_data()
+        sums = task.eval_sums(model, xv, yv)
+        full = torch.nn.functional.cross_entropy(model(xv)[0].transpose(1, 2), yv, reduction="none")
+    torch.testing.assert_close(sums["loss"], full.sum(1), rtol=1e-5, atol=0)
+    assert torch.equal(sums["count"], (yv != -100).sum(1).float())
+
