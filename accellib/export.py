@@ -10,6 +10,10 @@ What maps one-to-one (parameter names follow GPT-2, see accellib/model.py):
     "gelu_new" (tanh approximation) is accellib's `model.act=gelu_tanh`.
   * GPT-2 always has biases: a `model.bias=false` model is exported with zero biases (the same function).
   * Untied heads are exported with `tie_word_embeddings=false`.
+  * The vocabulary is the tokenizer's: a model trained on GPT-2 tokenizer data has 50,304 rows, padded
+    for speed (accellib.tasks.model_vocab_size); the export keeps the tokenizer's 50,257 rows of wte
+    (and of an untied lm_head), so the GPT-2 model can never produce a padding id. Importing pads back:
+    a GPT-2 checkpoint's rows are copied, the padding rows keep their fresh initialisation.
 
 What is refused, in one line (`ExportError`), rather than exported to a model that computes something
 else: masked-LM runs (`kind=mlm`: bidirectional attention, no GPT-2 equivalent), image models, and
@@ -72,21 +76,25 @@ def check_exportable(m: ModelConfig) -> None:
                           "them cannot be exported")
 
 
-def gpt2_config(m: ModelConfig, eos_id: int | None = None):
-    """The transformers GPT2Config that computes what Transformer(m) computes (no dropout, eval mode)."""
+def gpt2_config(m: ModelConfig, eos_id: int | None = None, vocab_size: int | None = None):
+    """The transformers GPT2Config that computes what Transformer(m) computes (no dropout, eval mode),
+    on the first `vocab_size` ids (all of m's when None)."""
     check_exportable(m)
     return _transformers().GPT2Config(
-        vocab_size=m.vocab_size, n_positions=m.seq_len, n_embd=m.d_model, n_layer=m.n_layer, n_head=m.n_head,
+        vocab_size=vocab_size or m.vocab_size, n_positions=m.seq_len, n_embd=m.d_model, n_layer=m.n_layer, n_head=m.n_head,
         n_inner=m.mlp_ratio * m.d_model, activation_function=TO_HF_ACT[m.act], layer_norm_epsilon=1e-5,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=m.tie_head,
         bos_token_id=eos_id, eos_token_id=eos_id, architectures=["GPT2LMHeadModel"])
 
 
-def to_gpt2_state(sd: dict, m: ModelConfig) -> dict:
-    """accellib state dict -> GPT2LMHeadModel state dict (Conv1D weights transposed, missing biases zero)."""
+def to_gpt2_state(sd: dict, m: ModelConfig, vocab_size: int | None = None) -> dict:
+    """accellib state dict -> GPT2LMHeadModel state dict (Conv1D weights transposed, missing biases zero),
+    the vocabulary cut to its first `vocab_size` rows (the padding dropped; all rows when None)."""
     out = {}
     for k, v in sd.items():
         out[k] = v.t().contiguous() if k.endswith(CONV1D) else v
+        if vocab_size and k in ("transformer.wte.weight", "lm_head.weight"):
+            out[k] = v[:vocab_size]
     if not m.bias:
         for i in range(m.n_layer):
             for name, n in (("attn.c_attn", 3 * m.d_model), ("attn.c_proj", m.d_model),
@@ -155,10 +163,13 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
     atomic_folder, _ = _data_scripts()
     tok, tok_kind = hf_tokenizer(cfg.data.path, cfg.model)
     eos = tok.eos_token_id if tok is not None else None
-    hf_cfg = gpt2_config(cfg.model, eos)
+    # the tokenizer's ids, without the model's padding rows; no tokenizer: every row (none is known to be padding)
+    n_ids = min(len(tok), cfg.model.vocab_size) if tok is not None else cfg.model.vocab_size
+    hf_cfg = gpt2_config(cfg.model, eos, n_ids)
     try:
         with atomic_folder.staged_folder(out, FILES) as stage:  # swapped in whole only if the block ends normally
-            info = dict(run=str(run_dir), step=step, tokenizer=tok_kind,
+            info = dict(run=str(run_dir), step=step, tokenizer=tok_kind, vocab_size=n_ids,
+                        padding_rows_dropped=cfg.model.vocab_size - n_ids,
                         **_write_export(stage, model, sd, cfg.model, hf_cfg, tok))
             (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
     except FileExistsError as e:  # `out` holds files that are not an export
@@ -171,7 +182,7 @@ def _write_export(stage: Path, model: Transformer, sd: dict, m: ModelConfig, hf_
     the written model's logits against accellib's."""
     transformers = _transformers()
     hf = transformers.GPT2LMHeadModel(hf_cfg)
-    missing, unexpected = hf.load_state_dict(to_gpt2_state(sd, m), strict=False)
+    missing, unexpected = hf.load_state_dict(to_gpt2_state(sd, m, hf_cfg.vocab_size), strict=False)
     unexpected = [k for k in unexpected if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     if unexpected or [k for k in missing if not (m.tie_head and k == "lm_head.weight")]:
         raise ExportError(f"GPT-2 and accellib disagree on parameters: missing {missing[:3]}, "
@@ -179,7 +190,7 @@ def _write_export(stage: Path, model: Transformer, sd: dict, m: ModelConfig, hf_
     hf.save_pretrained(stage, safe_serialization=True)
     if tok is not None:
         tok.save_pretrained(stage)
-    diff = max_logit_diff(model, stage, m)
+    diff = max_logit_diff(model, stage, m, vocab_size=hf_cfg.vocab_size)
     if diff > MAX_LOGIT_DIFF:
         raise ExportError(f"the exported model's logits differ from accellib's by {diff:.2e} "
                           f"(> {MAX_LOGIT_DIFF}); nothing was written")
@@ -188,13 +199,16 @@ def _write_export(stage: Path, model: Transformer, sd: dict, m: ModelConfig, hf_
 
 
 @torch.no_grad()
-def max_logit_diff(model: Transformer, hf_dir: Path, m: ModelConfig, n: int = 4) -> float:
+def max_logit_diff(model: Transformer, hf_dir: Path, m: ModelConfig, n: int = 4,
+                   vocab_size: int | None = None) -> float:
     """Largest |logit| difference between `model` and the transformers model saved in `hf_dir`, on n
-    pseudo-random windows of full length."""
+    pseudo-random windows of full length of ids below `vocab_size` (the exported ids; m's when None),
+    over the exported columns: a padded model's extra columns have no counterpart."""
     hf = _transformers().GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    v = vocab_size or m.vocab_size
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(m.vocab_size, (n, m.seq_len), generator=g)
-    return (hf(idx).logits - model(idx)[0]).abs().max().item()
+    idx = torch.randint(v, (n, m.seq_len), generator=g)
+    return (hf(idx).logits - model(idx)[0][..., :v]).abs().max().item()
 
 
 # ----------------------------------------------------------------------------- GPT-2 -> accellib

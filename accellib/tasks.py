@@ -66,7 +66,7 @@ class LMTask(_Task):
             from .export import configure_from_hf
             configure_from_hf(m, d.vocab_size)
         if m.vocab_size == 0:
-            m.vocab_size = d.vocab_size
+            m.vocab_size = model_vocab_size(d, m.kind)
         if m.vocab_size < d.vocab_size:
             raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of "
                               f"{self.cfg.data.path} ({d.vocab_size} ids, meta.json); leave it 0 to take "
@@ -87,7 +87,8 @@ class LMTask(_Task):
         c = self.cfg
         x, y = sample_batch(self.data.train, c.train.batch_size, c.model.seq_len, g)
         if c.model.kind == "mlm":
-            x, y = mask_tokens(x, self.data.mask_id, c.model.vocab_size, g, c.data.mlm_prob)
+            # random replacements are drawn from the data's ids, never from the model's padding rows
+            x, y = mask_tokens(x, self.data.mask_id, self.data.vocab_size, g, c.data.mlm_prob)
         return x, y
 
     def head_tokens(self, seq_len: int) -> int:
@@ -109,7 +110,7 @@ class LMTask(_Task):
         w = eval_windows(self.data.val, c.model.seq_len, c.train.eval_windows)  # (n, T+1)
         x, y = w[:, :-1], w[:, 1:]
         if c.model.kind == "mlm":  # fixed masking so every evaluation scores the same positions
-            x, y = mask_tokens(x, self.data.mask_id, c.model.vocab_size,
+            x, y = mask_tokens(x, self.data.mask_id, self.data.vocab_size,
                                generator_for(c.train.seed, 2**31 - 1), c.data.mlm_prob)
         return x, y
 
@@ -234,6 +235,28 @@ class ImageTask(_Task):
 def mlm_labels_per_row(seq_len: int, prob: float) -> int:
     """Positions accellib.data.mask_tokens labels in each row of seq_len tokens: k = max(1, round(prob*T))."""
     return max(1, round(prob * seq_len))
+
+
+PAD_MULTIPLE = 64   # GPT-2's 50,257 ids -> 50,304 rows, as nanoGPT (tensor-core friendly matrix shapes)
+
+
+def model_vocab_size(data, kind: str) -> int:
+    """The model's vocabulary for token data `data` (a TokenData) when model.vocab_size is 0.
+
+    GPT-2 tokenizer data is padded up to a multiple of PAD_MULTIPLE: the head's matmul then has
+    tensor-core friendly shapes (nanoGPT's 50,304). A causal run sizes it from the real ids, without the
+    [MASK] id the data reserves (GPT-2's 50,257 -> 50,304); a masked LM needs [MASK] (50,258 -> 50,304).
+    The padding rows are never a target, so training pushes their logits down; sampling draws only the
+    data's ids, mask_tokens' random ids come from the data's vocabulary, and the HF export strips them.
+
+    Byte and our own BPE data keep their exact size: the byte tutorial's 257 rows are what every cached
+    result in results/ was trained with, and the byte exporter's eos is the [MASK] id 256, the last row."""
+    if data.meta.get("tokenizer") != "gpt2":
+        return data.vocab_size
+    real = data.vocab_size
+    if kind == "gpt" and data.mask_id is not None and data.mask_id == real - 1:
+        real -= 1   # [MASK] is the last id: a causal LM never reads or predicts it
+    return -(-real // PAD_MULTIPLE) * PAD_MULTIPLE
 
 
 def is_image_kind(kind: str) -> bool:

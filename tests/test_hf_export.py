@@ -201,3 +201,45 @@ def test_a_vcycle_starts_from_the_imported_model(tiny_data_dir, tmp_path):
         assert torch.equal(stage0[k], v), k
     coarse = json.loads((tmp_path / "ml" / "vcycle.json").read_text())["stages"][1]["model"]
     assert (coarse["n_head"], coarse["d_model"], coarse["act"]) == (2, 16, "gelu_tanh")   # GPT-2's shape, coalesced
+
+
+# ----------------------------------------------------------------------------- a padded vocabulary
+@pytest.fixture(scope="module")
+def gpt2_like_dir(tmp_path_factory):
+    from test_model import gpt2_like_folder
+    return gpt2_like_folder(tmp_path_factory.mktemp("data") / "gpt2_like")
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_export_drops_the_padding_rows(gpt2_like_dir, tmp_path, tie):
+    run = tmp_path / "run"
+    training_function(load_config(None, tiny_overrides(gpt2_like_dir, **{"train.steps": 2, "model.tie_head": tie})), run)
+    assert load_config(run / "config.yaml").model.vocab_size == 50304          # trained padded
+    info = export_run(run, tmp_path / "hf")
+    assert (info["vocab_size"], info["padding_rows_dropped"], info["tokenizer"]) == (50257, 47, "gpt2")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
+    assert hf.config.vocab_size == 50257 and hf.transformer.wte.weight.shape[0] == 50257
+    assert hf.lm_head.weight.shape[0] == 50257 and hf.config.tie_word_embeddings == tie
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").eos_token_id == 50256
+    idx = windows(v=50257)
+    ours = accellib_logits(run, idx)
+    assert ours.shape[-1] == 50304
+    assert (hf_logits(tmp_path / "hf", idx) - ours[..., :50257]).abs().max().item() <= 1e-5
+    assert info["max_logit_diff"] <= 1e-5
+
+
+def test_import_into_a_padded_vocabulary(gpt2_like_dir, tmp_path):
+    hf = tiny_gpt2(tmp_path / "gpt2", vocab=50257)                            # GPT-2's 50,257 ids
+    cfg = load_config(None, tiny_overrides(gpt2_like_dir, **{"model.init_from": f"hf:{tmp_path / 'gpt2'}"}))
+    task = make_task(cfg)
+    task.configure()
+    assert cfg.model.vocab_size == 50304
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    torch.manual_seed(0)
+    fresh = Transformer(cfg.model).transformer.wte.weight                    # the same init, nothing copied
+    assert torch.equal(model.transformer.wte.weight[:50257], hf.transformer.wte.weight)
+    assert torch.equal(model.transformer.wte.weight[50257:], fresh[50257:])  # the padding rows keep their init
+    idx = windows(v=50257)
+    with torch.no_grad():
+        assert (model(idx)[0][..., :50257] - hf(idx).logits).abs().max().item() <= 1e-5

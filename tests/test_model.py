@@ -174,3 +174,45 @@ def test_mlm_task_scores_masked_positions_only(tiny_cfg):
     torch.testing.assert_close(sums["loss"], full.sum(1), rtol=1e-5, atol=0)
     assert torch.equal(sums["count"], (yv != -100).sum(1).float())
 
+
+# ----------------------------------------------------------------------------- vocabulary padding
+def gpt2_like_folder(out, n_tokens=6000, seed=0):
+    """A token folder laid out as data_scripts/prepare_hf.py --tokenizer gpt2 writes it: 50,257 tokenizer
+    ids (the last is <|endoftext|>) + a [MASK] id 50257, so vocab_size 50,258. GPT-2's own tokenizer files
+    need a download; a word-level tokenizer of the same size stands in for it (only its size and eos matter)."""
+    import numpy as np
+    from tokenizers import Tokenizer, models
+    from data_scripts.tokenize_corpus import write_token_dataset
+    vocab = {f"w{i}": i for i in range(50256)} | {"<|endoftext|>": 50256}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    rng = np.random.default_rng(seed)
+    ids = lambda n: np.where(rng.random(n) < 0.05, 50256, rng.integers(0, 300, n)).astype(np.uint16)
+    return write_token_dataset(out, ids(n_tokens), ids(n_tokens // 4),
+                               dict(tokenizer="gpt2", vocab_size=50258, mask_id=50257, bytes_per_token=4.0,
+                                    created_by="python data_scripts/prepare_hf.py --dataset text --tokenizer gpt2",
+                                    source=dict(name="synthetic")),
+                               {"tokenizer.json": tok.to_str().encode()})
+
+
+def test_gpt2_data_pads_the_vocabulary_and_byte_data_keeps_its_size(tiny_data_dir, tmp_path, monkeypatch):
+    from accellib import tasks
+    from accellib.config import load_config
+    from conftest import tiny_overrides
+    gpt2 = gpt2_like_folder(tmp_path / "gpt2")
+    drawn = []
+    real_mask_tokens = tasks.mask_tokens
+    monkeypatch.setattr(tasks, "mask_tokens", lambda x, mid, v, *a: drawn.append(v) or real_mask_tokens(x, mid, v, *a))
+    for data, kind, vocab in ((gpt2, "gpt", 50304), (gpt2, "mlm", 50304),
+                              (tiny_data_dir, "gpt", 257), (tiny_data_dir, "mlm", 257)):
+        task = tasks.make_task(load_config(None, tiny_overrides(data, **{"model.kind": kind})))
+        task.configure()
+        assert task.cfg.model.vocab_size == vocab, (data, kind)
+        x, y = task.batch(0, 0)
+        assert x.max() < task.data.vocab_size and y.max() < task.data.vocab_size   # no padding id, ever
+    # mask_tokens' random replacement ids come from the data's 50,258 ids, not the model's 50,304
+    assert drawn == [50258, 257]
+    # a causal LM's rows are sized from the real ids ([MASK] excluded): 64 real ids + [MASK] -> 64, not 128
+    meta = dict(tokenizer="gpt2")
+    small = lambda v, mask: type("D", (), dict(meta=meta, vocab_size=v, mask_id=mask))()
+    assert tasks.model_vocab_size(small(65, 64), "gpt") == 64 and tasks.model_vocab_size(small(65, 64), "mlm") == 128
+    assert tasks.model_vocab_size(small(50257, None), "gpt") == 50304
