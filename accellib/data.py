@@ -8,6 +8,8 @@ On disk (written by data_scripts/, see data_scripts/tokenize_corpus.py), one fol
                          {"format_version": 1, "tokenizer": "byte"|"bpe"|"gpt2", "vocab_size": 257,
                           "mask_id": 256, "n_train": ..., "n_val": ..., "bytes_per_token": ...,
                           "sha256": {"train.bin": ..., ...}, "created_by": "<command that rebuilds it>", ...}
+    .verified.json       written by load_token_data, not by the scripts: which files it has already
+                         hashed (see `load_token_data`); deleting it only costs one more hashing pass
 
 Randomness never comes from a global RNG: every draw takes a torch.Generator, and
 `generator_for(seed, step, micro_step, rank)` makes one that any process (or a resumed run)
@@ -18,8 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+import os
 import re
 import shlex
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +104,55 @@ def _scan(path: Path, ids: bool) -> tuple[str, int]:
     return h.hexdigest(), top
 
 
-def load_token_data(data_dir: str | Path, verify: bool = True) -> TokenData:
-    """Open a token folder. verify=True also checks every file's sha256 and that every token id is
-    below meta.json's vocab_size (one read of every byte, about 1 s per GB)."""
+VERIFIED = ".verified.json"  # the checksum cache in a token folder; data_scripts' rebuilds allow it
+_RECENT_NS = 2_000_000_000  # files modified less than 2 s ago are hashed but not cached (see below)
+
+
+def _read_verified(data_dir: Path) -> dict:
+    """The folder's checksum cache, or {} when it is missing or unreadable (never an error)."""
+    try:
+        cache = json.loads((data_dir / VERIFIED).read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, not UTF-8
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _write_verified(data_dir: Path, cache: dict) -> None:
+    """Replace the cache in one step: written under a name of this process's own, then renamed, so
+    ranks racing on a first start never leave a torn file (the last rename wins; every version is
+    whole). The temp name has the form data_scripts/atomic_folder.py tidies up after dead writers.
+    A folder we may not write to (read-only data) just means hashing again next time."""
+    tmp = data_dir / f"{VERIFIED}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(json.dumps(cache, indent=1) + "\n")
+        os.replace(tmp, data_dir / VERIFIED)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> TokenData:
+    """Open a token folder. The cheap checks (meta.json, file sizes) always run; `verify` adds:
+
+      "full"    hash every file in meta.json's sha256 and check every token id is below its
+                vocab_size: one read of every byte, about 1 s per GB (18 GB for OpenWebText)
+      "cached"  the same, but a file hashed before is trusted while its size, mtime and
+                meta.json's sha256 for it are unchanged: the start-up cost is paid once per folder
+      True      = "full" (what True meant before the cache existed); False: no hashing at all
+
+    The cache is <data_dir>/.verified.json, {file: {size, mtime_ns, sha256, max_id}}, written only
+    after every file passed (a failure is never cached). Rewriting, touching or rebuilding a file
+    changes its mtime, and a changed meta.json changes the expected sha256, so both are hashed
+    again; the cached max_id is still checked against the current vocab_size. A file modified less
+    than 2 s ago is hashed but not cached yet, as its mtime might still repeat. What the cache
+    cannot see: a file changed in place with the same size and its mtime set back (e.g. by a tool
+    that restores timestamps). Use verify="full" (--data.verify=full) when that may have happened."""
+    if verify is True:
+        verify = "full"
+    if verify not in (False, "cached", "full"):
+        raise ValueError(f"verify must be 'cached', 'full', True (= 'full') or False, got {verify!r}")
     data_dir = Path(data_dir)
     meta_path = data_dir / "meta.json"
     if not meta_path.is_file():
@@ -127,14 +178,33 @@ def load_token_data(data_dir: str | Path, verify: bool = True) -> TokenData:
             raise DataError(f"{path} is empty: rebuild it from more text, e.g. {fix}")
         splits[split] = np.memmap(path, dtype=np.uint16, mode="r")
     if verify:
+        cache = _read_verified(data_dir) if verify == "cached" else {}
+        checked, hashed = {}, False
         for name, expected in meta.get("sha256", {}).items():
             path = data_dir / name
-            digest, top = _scan(path, ids=name in ("train.bin", "val.bin")) if path.is_file() else (None, -1)
-            if digest != expected:
-                raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}")
+            try:
+                st = path.stat()  # before reading: a write during the hash leaves a newer mtime
+            except OSError:
+                raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}") from None
+            stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": expected}
+            entry = cache.get(name)
+            if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
+                    and type(entry.get("max_id")) is int:
+                top = entry["max_id"]  # hashed before, unchanged since: trusted
+            else:
+                digest, top = _scan(path, ids=name in ("train.bin", "val.bin")) if path.is_file() else (None, -1)
+                hashed = True
+                if digest != expected:
+                    raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}")
             if top >= vocab_size:
                 raise DataError(f"{path} holds token id {top} but meta.json's vocab_size is {vocab_size} "
                                 f"(every id must be below it): {fix}")
+            # mtimes tick coarsely (a few ms, or 1-2 s on some filesystems): a file written within
+            # the last _RECENT_NS could be rewritten without its mtime changing, so it is not cached
+            if time.time_ns() - st.st_mtime_ns >= _RECENT_NS:
+                checked[name] = {**stamp, "max_id": top}
+        if hashed and checked:  # every file passed: remember them (also after a "full" check)
+            _write_verified(data_dir, checked)
     return TokenData(splits["train"], splits["val"], meta, vocab_size, meta.get("mask_id"))
 
 

@@ -170,8 +170,10 @@ def write_token_dataset(out_dir: str | Path, train_ids: np.ndarray, val_ids: np.
 
 
 def dataset_files(out_dir: Path) -> set[str]:
-    """The names a token folder may hold (a rebuild replaces the folder, so anything else is refused)."""
-    return {"train.bin", "val.bin", "meta.json", "tokenizer.json"} | set((read_meta(out_dir) or {}).get("sha256") or {})
+    """The names a token folder may hold (a rebuild replaces the folder, so anything else is refused);
+    .verified.json is accellib.data's checksum cache, which a rebuild may drop (it is re-made)."""
+    return ({"train.bin", "val.bin", "meta.json", "tokenizer.json", ".verified.json"}
+            | set((read_meta(out_dir) or {}).get("sha256") or {}))
 
 
 def prepare_target(out_dir: Path) -> str | None:

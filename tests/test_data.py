@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # data_scripts/ is not installed with the package
     sys.path.insert(0, str(ROOT))
 
-from accellib.data import (DataError, eval_windows, generator_for, load_token_data, mask_tokens,  # noqa: E402
-                           sample_batch, seed_for)
+import accellib.data as data_module  # noqa: E402
+from accellib.data import (VERIFIED, DataError, eval_windows, generator_for, load_token_data,  # noqa: E402
+                           mask_tokens, sample_batch, seed_for)
 from data_scripts import atomic_folder as af  # noqa: E402
 from data_scripts import tokenize_corpus as tc  # noqa: E402
 
@@ -31,8 +33,8 @@ def corpus(n_lines: int = 400) -> str:
     return "".join(f"{LINES[i % len(LINES)]} {i}\n" if i % 7 else "\n" for i in range(n_lines))
 
 
-def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+def leftovers(folder: Path) -> list[str]:  # hidden temp files and old copies (not the checksum cache)
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != VERIFIED)
 
 
 def snapshot(folder: Path) -> dict:
@@ -293,6 +295,167 @@ def test_unreadable_meta_is_a_data_error(tmp_path):
     (out / "meta.json").write_text("{not json")
     with pytest.raises(DataError, match="--force"):
         load_token_data(out)
+
+
+# ----------------------------------------------------------------------------- the checksum cache
+
+def built_earlier(out: Path, hours: float = 1.0) -> Path:
+    """Move every file's mtime back, as in a folder built before this run (files modified in the last
+    2 s are never cached, since their mtime could still repeat)."""
+    for p in out.iterdir():
+        t = p.stat().st_mtime_ns - int(hours * 3600e9)
+        os.utime(p, ns=(t, t))
+    return out
+
+
+def hashed_files(monkeypatch) -> list[str]:
+    """The names load_token_data hashes from now on, in order."""
+    seen, scan = [], data_module._scan
+    monkeypatch.setattr(data_module, "_scan", lambda path, ids: seen.append(path.name) or scan(path, ids))
+    return seen
+
+
+def cache_of(out: Path) -> dict:
+    return json.loads((out / VERIFIED).read_text())
+
+
+def test_checksums_are_hashed_once_then_trusted(tmp_path, monkeypatch):
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "bpe", 300)[0])
+    hashed = hashed_files(monkeypatch)
+    load_token_data(out)  # default: cached
+    assert hashed == ["train.bin", "val.bin", "tokenizer.json"]
+    meta = tc.read_meta(out)
+    assert {n: e["sha256"] for n, e in cache_of(out).items()} == meta["sha256"]
+    assert cache_of(out)["train.bin"]["max_id"] == int(load_token_data(out, verify=False).train.max())
+    hashed.clear()
+    load_token_data(out)
+    load_token_data(out, verify="cached")
+    load_token_data(out, verify=False)
+    assert hashed == []  # second start: nothing read
+    load_token_data(out, verify="full")
+    assert hashed == ["train.bin", "val.bin", "tokenizer.json"]
+    load_token_data(out, verify=True)  # True is the old spelling of "full"
+    assert len(hashed) == 6
+    with pytest.raises(ValueError, match="verify must be"):
+        load_token_data(out, verify="fast")
+
+
+def test_a_changed_file_or_meta_is_hashed_again(tmp_path, monkeypatch):
+    shakespeare = "python data_scripts/prepare_shakespeare.py"
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte", created_by=shakespeare)[0])
+    load_token_data(out)
+    hashed = hashed_files(monkeypatch)
+    os.utime(out / "val.bin")  # touched: same bytes, new mtime
+    load_token_data(out)
+    assert hashed == ["val.bin"]
+    hashed.clear()
+    raw = bytearray((out / "train.bin").read_bytes())
+    raw[100] ^= 0x01  # corrupted in place: same size, new mtime
+    (out / "train.bin").write_bytes(bytes(raw))
+    before = (out / VERIFIED).read_bytes()
+    with pytest.raises(DataError, match=re.escape(f"train.bin is corrupt (sha256 differs from meta.json): "
+                                                  f"run `{shakespeare} --out {out} --force`")):
+        load_token_data(out)
+    assert hashed == ["train.bin"] and (out / VERIFIED).read_bytes() == before  # the failure is not cached
+    # a changed meta.json: the cached max id is checked against the new vocab_size without hashing,
+    # and a file whose expected sha256 changed is hashed again
+    tc.prepare(corpus(), out, "byte", created_by=shakespeare, force=True)
+    load_token_data(built_earlier(out))
+    hashed.clear()
+    meta = tc.read_meta(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab_size": 100}))
+    with pytest.raises(DataError, match=r"holds token id \d+ but meta\.json's vocab_size is 100"):
+        load_token_data(out)
+    assert hashed == []
+    (out / "meta.json").write_text(json.dumps({**meta, "sha256": {**meta["sha256"], "val.bin": "0" * 64}}))
+    with pytest.raises(DataError, match=r"val\.bin is corrupt"):
+        load_token_data(out)
+    assert hashed == ["val.bin"]
+
+
+def test_a_failed_check_writes_no_cache(tmp_path, monkeypatch):
+    out = tc.prepare(corpus(), tmp_path / "d", "byte")[0]
+    with open(out / "val.bin", "r+b") as f:
+        f.write(b"\x00\x01")  # corrupt, same size
+    built_earlier(out)
+    for _ in range(2):  # and it stays caught
+        with pytest.raises(DataError, match=r"val\.bin is corrupt"):
+            load_token_data(out)
+        assert not (out / VERIFIED).exists()
+
+
+def test_files_written_just_now_are_not_cached(tmp_path, monkeypatch):
+    out = tc.prepare(corpus(), tmp_path / "d", "byte")[0]
+    now = time.time_ns() + 60 * 10**9  # a minute ahead: as recent as can be, even on a slow machine
+    for name in ("train.bin", "val.bin"):
+        os.utime(out / name, ns=(now, now))
+    hashed = hashed_files(monkeypatch)
+    load_token_data(out)
+    load_token_data(out)
+    assert hashed == ["train.bin", "val.bin"] * 2 and not (out / VERIFIED).exists()
+
+
+@pytest.mark.parametrize("garbage", [b"{not json", b"\xff\xfe\x00", b"[1, 2]", b'{"train.bin": 5}',
+                                     b'{"train.bin": {"size": "big", "max_id": null}}', b""])
+def test_a_garbled_cache_is_ignored_and_replaced(tmp_path, monkeypatch, garbage):
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte")[0])
+    (out / VERIFIED).write_bytes(garbage)
+    hashed = hashed_files(monkeypatch)
+    load_token_data(out)
+    assert hashed == ["train.bin", "val.bin"] and set(cache_of(out)) == {"train.bin", "val.bin"}
+    load_token_data(out)
+    assert len(hashed) == 2
+
+
+def test_a_read_only_folder_is_hashed_every_time(tmp_path, monkeypatch):
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte")[0])
+    if os.geteuid() != 0:
+        out.chmod(0o555)
+    else:  # root writes into a read-only folder anyway: make the cache's writes fail as they would
+        def refuse(*a, **k):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(data_module.os, "replace", refuse)
+    try:
+        hashed = hashed_files(monkeypatch)
+        load_token_data(out)
+        load_token_data(out)
+        assert hashed == ["train.bin", "val.bin"] * 2
+        assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]  # no temp file left
+    finally:
+        out.chmod(0o755)
+
+
+def _load_in_a_race(out: Path, barrier, rounds: int) -> None:
+    barrier.wait()  # both processes start hashing the fresh folder at once
+    for i in range(rounds):
+        load_token_data(out, verify="cached" if i == 0 else "full")  # full: hash and rewrite every time
+        assert set(cache_of(out)) == {"train.bin", "val.bin"}  # never a torn file
+
+
+def test_two_processes_hashing_one_fresh_folder(tmp_path, monkeypatch):
+    import multiprocessing as mp
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte")[0])
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_load_in_a_race, args=(out, barrier, 30)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert leftovers(out) == [] and set(cache_of(out)) == {"train.bin", "val.bin"}
+    hashed = hashed_files(monkeypatch)
+    load_token_data(out)
+    assert hashed == []
+
+
+def test_a_folder_with_a_cache_can_be_rebuilt(tmp_path):
+    # the cache is the one file besides the dataset that a rebuild may replace (and so drop)
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte")[0])
+    load_token_data(out)
+    assert (out / VERIFIED).is_file() and VERIFIED in tc.dataset_files(out)
+    assert tc.prepare(corpus(200), out, "byte") == (out, True)
+    assert not (out / VERIFIED).exists() and _same_data(out, corpus(200))
 
 
 # ----------------------------------------------------------------------------- sampling

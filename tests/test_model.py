@@ -216,3 +216,14 @@ def test_gpt2_data_pads_the_vocabulary_and_byte_data_keeps_its_size(tiny_data_di
     small = lambda v, mask: type("D", (), dict(meta=meta, vocab_size=v, mask_id=mask))()
     assert tasks.model_vocab_size(small(65, 64), "gpt") == 64 and tasks.model_vocab_size(small(65, 64), "mlm") == 128
     assert tasks.model_vocab_size(small(50257, None), "gpt") == 50304
+
+
+def test_an_mlm_training_step_reads_nothing_back_from_the_device(tiny_cfg, monkeypatch):
+    # the masked positions are found on the device (topk), not by boolean indexing or nonzero
+    from test_efficiency import _counted_steps, host_reads
+    from accellib.trainer import Trainer
+    reads = host_reads.__wrapped__(monkeypatch)
+    tr = Trainer(tiny_cfg(**{"model.kind": "mlm", "train.steps": 4}))
+    assert _counted_steps(tr, reads, 4) == []
+    torch.zeros(1).item()
+    assert len(reads) == 1   # the counter is live: a read here is seen

@@ -292,3 +292,27 @@ def test_every_crash_point_of_the_checkpoint_swap_resumes(tiny_cfg, tmp_path, le
     final = training_function(tiny_cfg(**kw), run, resume=True)
     assert final["val_loss"] == full["val_loss"]
     assert sorted(p.name for p in ck.iterdir()) == ["last"]
+
+
+def test_a_corpus_changed_after_a_cached_start_is_caught_at_resume(tiny_data_dir, tmp_path, capsys):
+    # issue 15: the start-up checksums are cached by size and mtime. A train.bin rewritten since the
+    # first start (same size) must be hashed again at resume, refused in one line, the checkpoint kept.
+    import shutil
+    data = tmp_path / "tiny"
+    shutil.copytree(tiny_data_dir, data)
+    for p in data.iterdir():  # built an hour ago: old enough to be cached
+        t = p.stat().st_mtime_ns - 3600 * 10**9
+        os.utime(p, ns=(t, t))
+    run = tmp_path / "run"
+    assert main(["--out", str(run), *tiny_overrides(data, **{"train.steps": 2, "train.eval_every": 0})]) == 0
+    assert set(json.loads((data / ".verified.json").read_text())) == {"train.bin", "val.bin"}
+    raw = bytearray((data / "train.bin").read_bytes())
+    raw[10] ^= 0x01
+    (data / "train.bin").write_bytes(bytes(raw))
+    kept = (run / "checkpoints" / "last" / "pytorch_model.bin").read_bytes()
+    capsys.readouterr()
+    assert main(["--resume", str(run), "--train.steps=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.bin is corrupt (sha256 differs from meta.json)" in err[0], err
+    assert (run / "checkpoints" / "last" / "pytorch_model.bin").read_bytes() == kept
+    assert read_metrics(run)[-1]["step"] == 2
