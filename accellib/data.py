@@ -281,8 +281,10 @@ def seed_for(*parts: int) -> int:
     return h >> 1  # 63 bits: a valid non-negative seed everywhere
 
 
-def generator_for(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed_for(*parts))
+def generator_for(*parts: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A generator on `device` seeded with seed_for(*parts). Same integers, same draws: bitwise on
+    CPU, and on a CUDA device from its own (Philox) stream, which differs from the CPU's."""
+    return torch.Generator(device=device).manual_seed(seed_for(*parts))
 
 
 def ngram_references(data: TokenData, seq_len: int = 0, n_windows: int = 0, max_vocab: int = 4096,

@@ -9,7 +9,7 @@ from accellib.launch import launch_processes
 
 from accellib import flops as F
 from accellib.config import ConfigError, load_config
-from accellib.data import generator_for
+from accellib.data import generator_for, seed_for
 from accellib.model import BlockPlan, ModelConfig, Plan, Transformer, run_block
 from accellib.records import read_metrics
 from accellib.schedules import WarmupCosine
@@ -88,6 +88,47 @@ def test_kept_indices_sorted_unique_in_range_and_independent():
     assert not torch.equal(other.blocks[1].keep, plan.blocks[1].keep)   # fresh per micro-batch
     # uniform: every position is kept about r/S = 1/4 of the time
     g = generator_for(0)
+    freq = torch.cat([keep_indices(64, 64, 16, g) for _ in range(50)]).flatten().bincount(minlength=64)
+    assert (freq.float() / (50 * 64) - 0.25).abs().max() < 0.05
+
+
+def test_cpu_draws_are_bitwise_the_earlier_host_draws():
+    # the indices were drawn on the host and copied to the device; cached results of CPU runs
+    # depend on these exact subsets, so on CPU the device draw must be that same draw, bit for bit
+    cfg = load_config(None, ["--random_ltd.enabled=true", "--model.n_layer=6", "--model.seq_len=64",
+                             "--train.batch_size=16", "--random_ltd.min_len=16", "--train.seed=7"])
+    t = RandomLTD(cfg.techniques["random_ltd"], cfg)
+    for step, micro in ((0, 0), (3, 1)):
+        plan = Plan.full(6)
+        t.update_plan(plan, step=step, micro_step=micro)
+        for i in range(1, 5):  # the earlier formula, written out
+            g = torch.Generator().manual_seed(seed_for(7, step, micro, 0x17D, i))
+            old = torch.rand(16, 64, generator=g).topk(t.last_r, dim=1, largest=False).indices.sort(dim=1).values
+            assert torch.equal(plan.blocks[i].keep, old)
+    # and one subset printed by the earlier code (step 0, micro 0, block 1, sample 0), so a change
+    # of seed_for or of the formula above shows too
+    assert plan.blocks[1].keep[0].tolist() != [3, 4, 5, 6, 8, 14, 15, 16, 19, 35, 37, 40, 43, 47, 49, 53]
+    first = Plan.full(6)
+    t.update_plan(first, step=0, micro_step=0)
+    assert first.blocks[1].keep[0].tolist() == [3, 4, 5, 6, 8, 14, 15, 16, 19, 35, 37, 40, 43, 47, 49, 53]
+
+
+def test_indices_are_made_on_the_trainers_device_without_a_copy(tiny_cfg, monkeypatch):
+    tr = Trainer(tiny_cfg(**LTD, **{"random_ltd.min_len": 8}))
+    monkeypatch.setattr(torch.Tensor, "to", lambda *a, **k: pytest.fail("keep indices were copied"))
+    plan = tr.plan(0, 0)
+    monkeypatch.undo()
+    for i in (1, 2):
+        assert plan.blocks[i].keep.device == tr.accelerator.device and plan.blocks[i].keep.shape == (8, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_draws_are_reproducible_and_uniform():
+    a = keep_indices(64, 64, 16, generator_for(5, 1, 0, device="cuda"))
+    b = keep_indices(64, 64, 16, generator_for(5, 1, 0, device="cuda"))
+    assert a.is_cuda and torch.equal(a, b)                     # same integers, same draw: resume is exact
+    assert not torch.equal(a.cpu(), keep_indices(64, 64, 16, generator_for(5, 1, 0)))  # Philox, not the CPU's
+    g = generator_for(0, device="cuda")
     freq = torch.cat([keep_indices(64, 64, 16, g) for _ in range(50)]).flatten().bincount(minlength=64)
     assert (freq.float() / (50 * 64) - 0.25).abs().max() < 0.05
 
@@ -228,7 +269,7 @@ def _train_and_dump(data_dir, out_dir, extra):
     losses = [tr.train_step() for _ in range(3)]
     rank, world = tr.accelerator.process_index, tr.accelerator.num_processes
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(
-        losses=losses, val=tr.evaluate()["val_loss"], params=params(tr).tolist(),
+        losses=[float(x) for x in losses], val=tr.evaluate()["val_loss"], params=params(tr).tolist(),
         lt=tr.state.layer_tokens, ddp=tr.techniques[0].ddp_kwargs())))
     tr.accelerator.wait_for_everyone()
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -107,9 +107,10 @@ class LayerTokenLR(WarmupCosine):
 
 
 def keep_indices(batch: int, seq_len: int, r: int, generator: torch.Generator) -> torch.Tensor:
-    """(batch, r) int64: per sample, a uniform random r-subset of range(seq_len), sorted ascending."""
+    """(batch, r) int64: per sample, a uniform random r-subset of range(seq_len), sorted ascending,
+    drawn on the generator's device (so indices for a CUDA model never cross from the host)."""
     # the r positions with the smallest uniform scores form a uniform random subset
-    scores = torch.rand(batch, seq_len, generator=generator)
+    scores = torch.rand(batch, seq_len, generator=generator, device=generator.device)
     return scores.topk(r, dim=1, largest=False).indices.sort(dim=1).values
 
 
@@ -160,14 +161,19 @@ class RandomLTD(Technique):
         self.lt_per_step = t.grad_accum * t.batch_size * m.seq_len * m.n_layer
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
+        """Each dropping block's kept indices, drawn on the model's device (no host-to-device copy)
+        from generator_for(seed, step, micro_step, _TAG, layer): independent per (step, micro-batch,
+        layer) and rebuilt from those integers on resume, so resuming is exact. On CPU the draws are
+        the CPU generator's; on CUDA they come from the Philox stream, equally uniform subsets but
+        different ones, so a CUDA run and a CPU run of the same seed drop different tokens."""
         r = self.last_r = self.schedule(step)
         S, B = self.run_cfg.model.seq_len, self.run_cfg.train.batch_size
         if r >= S:
             return  # full length: no gather/scatter at all (bitwise the plain model)
         seed = self.run_cfg.train.seed
         for i in self.layers:
-            g = generator_for(seed, step, micro_step, _TAG, i)  # independent per (step, micro, layer)
-            plan.blocks[i].keep = keep_indices(B, S, r, g).to(self.device)
+            g = generator_for(seed, step, micro_step, _TAG, i, device=self.device)
+            plan.blocks[i].keep = keep_indices(B, S, r, g)
 
     def should_stop(self, state) -> bool:
         budget = self.cfg.budget_steps * self.lt_per_step
