@@ -37,6 +37,7 @@ from .losses import cross_entropy
 class ModelConfig:
     kind: str = "gpt"          # "gpt" (causal LM), "mlm" (masked LM); image classifiers: "vit", "cnn", "mlp"
     vocab_size: int = 257      # 256 bytes + [MASK]; set from the data's meta.json by the trainer
+                               # (GPT-2 tokenizer data: padded to 50,304, accellib.tasks.model_vocab_size)
     seq_len: int = 128         # context length (learned absolute positions)
     n_layer: int = 4
     n_head: int = 4
