@@ -101,7 +101,7 @@ MODEL_HELP = dict(
                    "or prepare_hf_images.py): vit = ViT of the blocks below, cnn / mlp = the MNIST CNN / MLP of "
                    "Collins et al. 2019 (their sizes are fixed; n_layer, d_model, ... do not apply)",
               choices=["gpt", "mlm", "vit", "cnn", "mlp"]),
-    vocab_size=dict(help="set from the data's meta.json when 0", min=0),
+    vocab_size=dict(help="set from the data's meta.json when 0 (GPT-2-tokenizer data: padded to a multiple of 64, 50,304, without a [MASK] row in causal runs)", min=0),
     seq_len=dict(help="context length", min=2), n_layer=dict(help="blocks", min=1),
     n_head=dict(help="attention heads", min=1), d_model=dict(help="width", min=8),
     mlp_ratio=dict(help="FFN hidden / d_model", min=1),

@@ -194,7 +194,7 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = run_block(block, x, None if plan is None else plan.blocks[i])
         if positions is not None:
-            x = torch.gather(x, 1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))   # (B, k, C)
+            x = gather_positions(x, positions)                                           # (B, k, C)
             targets = None if targets is None else torch.gather(targets, 1, positions)
         logits = self.head(x)
         return logits, (None if targets is None else lm_loss(logits, targets))
@@ -241,6 +241,11 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over targets != -100 (MLM's unscored positions), computed in fp32 a chunk of
     rows at a time, so bf16 logits are never copied whole to fp32 (accellib/losses.py)."""
     return cross_entropy(logits, targets)
+
+
+def gather_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """x (B, T, C) at positions (B, k) -> (B, k, C)."""
+    return torch.gather(x, 1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
 
 
 def labelled_positions(labels: torch.Tensor, k: int) -> torch.Tensor:

@@ -133,6 +133,11 @@ class Trainer:
         self.optimizer = make_optimizer(params, cfg.optim, fused=device.type == "cuda")
         if self.engine is None:
             self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+            # With mixed precision, prepare() wraps the model's forward so that it returns fp32 outputs: a
+            # full fp32 copy of the logits (3.3 GB per GPT-2-small micro-batch) that the loss does not need
+            # (accellib/losses.py upcasts chunk by chunk). Every forward here already runs inside
+            # accelerator.autocast(), so the plain forward computes the same numbers.
+            self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
         else:  # no DDP wrapper: gradients are the engine's business; the optimizer is saved per process
             self.model = self.accelerator.prepare_model(model, evaluation_mode=True)
         # data-parallel size and index: every process for a plain run, whole pipelines/rings for an engine

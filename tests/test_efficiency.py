@@ -145,3 +145,14 @@ def test_every_log_record_has_mfu_grad_norm_and_peak_memory(tiny_cfg, tmp_path):
     window_flops = second["flops"] - recs[0]["flops"]
     window_wall = second["wall"] - recs[0]["wall"]
     assert second["mfu"] == pytest.approx(window_flops / window_wall / 1e9, rel=0.02)
+
+
+def test_mixed_precision_keeps_the_logits_in_bf16(tiny_cfg):
+    """Accelerate's prepare() would return every output in fp32 (a full fp32 copy of the logits); the
+    trainer removes that wrapper, so the logits stay bf16 and only the loss is fp32 (accellib/losses.py)."""
+    tr = Trainer(tiny_cfg(**{"train.precision": "bf16"}))
+    x, y = tr.batches(0)[0]
+    with tr.accelerator.autocast():
+        logits, loss = tr.model(x, y)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    assert math.isfinite(float(tr.train_step()))

@@ -37,9 +37,10 @@ def _pair(data_dir, dtype, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("tie", [True, False])
-def test_bitwise_equal_to_standard_accumulation(tiny_data_dir, dtype, tie):
-    std, lga = _pair(tiny_data_dir, dtype, **{"model.tie_head": tie})
+@pytest.mark.parametrize("tie,kind", [(True, "gpt"), (False, "gpt"), (True, "mlm")])
+def test_bitwise_equal_to_standard_accumulation(tiny_data_dir, dtype, tie, kind):
+    # mlm: both run the head on the masked positions only (LMTask.positions)
+    std, lga = _pair(tiny_data_dir, dtype, **{"model.tie_head": tie, "model.kind": kind})
     assert [t.name for t in lga.techniques] == ["layered_accumulation"]
     g_std, g_lga = _grads_at_step(std), _grads_at_step(lga)
     assert g_std.keys() == g_lga.keys() and len(g_std) > 10

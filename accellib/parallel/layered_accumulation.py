@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import opt
-from ..model import lm_loss, run_block
+from ..model import gather_positions, lm_loss, run_block
 from ..techniques import register
 from ..techniques.base import Technique
 
@@ -189,7 +189,10 @@ class LayeredAccumulation(Technique):
                     if s <= L:
                         out = run_block(model.blocks[s - 1], h, plans[i].blocks[s - 1])
                     else:
-                        logits = model.lm_head(model.transformer.ln_f(h))             # (B, T, V)
+                        pos = trainer.task.positions(y)   # mlm: the head scores the masked positions only
+                        if pos is not None:
+                            h, y = gather_positions(h, pos), torch.gather(y, 1, pos)
+                        logits = model.head(h)                                          # (B, T or k, V)
                         loss = lm_loss(logits, y)   # the model's own loss, so the gradients stay bitwise equal
                         total = loss
                         for tech in trainer.techniques:

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from ..data import generator_for
-from ..flops import block_forward_flops, head_forward_flops
+from ..flops import block_forward_flops
 from .base import Technique
 
 _GATE_TAG = 0x9A7E  # separates gate draws from the data stream drawn from (seed, step, index)
@@ -120,14 +120,11 @@ class LayerDropTechnique(Technique):
     def setup(self, trainer) -> None:
         self.world = trainer.accelerator.num_processes
         self._block_params = [p for p in trainer.raw_model.blocks.parameters() if p.requires_grad]
-        # forward FLOPs of one sequence outside the blocks: the LM head, or (ViT) the task's count with no block run
-        m = self.run_cfg.model
-        if m.kind in ("gpt", "mlm"):
-            self._outside = head_forward_flops(m, m.seq_len)
-        else:
-            from ..model import BlockPlan, Plan
-            none = Plan([BlockPlan(run=False) for _ in range(m.n_layer)])
-            self._outside = trainer.task.micro_flops(none) / (3 * self.run_cfg.train.batch_size)
+        # forward FLOPs of one sequence outside the blocks (the LM head on the positions it scores, or the
+        # ViT's patch embedding and head): the task's count with no block run
+        from ..model import BlockPlan, Plan
+        none = Plan([BlockPlan(run=False) for _ in range(self.run_cfg.model.n_layer)])
+        self._outside = trainer.task.micro_flops(none) / (3 * self.run_cfg.train.batch_size)
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
         probs = self.keep_probs(step)

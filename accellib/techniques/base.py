@@ -7,6 +7,7 @@ the ones it needs. The trainer calls them in this order:
     per optimizer step, per micro-batch:
         update_plan(plan, step, micro_step)   fill the Plan in place (block gates, scales, kept tokens)
         extra_loss(model, x, y, logits)        -> extra loss term or None
+                                               (logits: the task's output; an mlm's are (B, k, V), its k masked positions)
     run_step(trainer, batches, plans)       -> list of micro-batch losses, or None for the standard
                                                forward/backward loop (layered accumulation overrides it)
     lr_factor(state)                        multiplies the LR schedule's value
