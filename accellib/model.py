@@ -238,9 +238,13 @@ def head(ln_f: nn.LayerNorm, lm_head: nn.Linear, x: torch.Tensor) -> torch.Tenso
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over targets != -100 (MLM's unscored positions), computed in fp32 a chunk of
-    rows at a time, so bf16 logits are never copied whole to fp32 (accellib/losses.py)."""
-    return cross_entropy(logits, targets)
+    """Mean cross-entropy over targets != -100 (MLM's unscored positions), in fp32. Logits of a 16-bit
+    autocast (bf16 on GPUs) go through accellib/losses.py, a chunk of rows at a time, so they are never
+    copied whole to fp32. fp32 logits (every CPU run) have no copy to avoid and keep PyTorch's own
+    cross-entropy: the same value, and bitwise the gradients every cached CPU result was computed with."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        return cross_entropy(logits, targets)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
 
 
 def gather_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

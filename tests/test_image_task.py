@@ -102,7 +102,7 @@ def test_vision_resume_is_bitwise(digits_dir, tmp_path, monkeypatch):
 def _dump(data_dir, out_dir, extra):
     from accelerate.state import AcceleratorState
     tr = Trainer(image_cfg(data_dir, **extra))
-    losses = [tr.train_step() for _ in range(3)]
+    losses = [float(tr.train_step()) for _ in range(3)]
     ev = tr.evaluate()
     flat = torch.cat([p.detach().flatten() for p in tr.raw_model.parameters()])
     rank, world = tr.accelerator.process_index, tr.accelerator.num_processes
