@@ -156,3 +156,13 @@ def test_mixed_precision_keeps_the_logits_in_bf16(tiny_cfg):
         logits, loss = tr.model(x, y)
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
     assert math.isfinite(float(tr.train_step()))
+
+
+def test_a_resume_inside_a_log_window_logs_what_the_uninterrupted_run_logs(tiny_cfg, tmp_path, monkeypatch):
+    """The window's sums live on the device between log steps; a checkpoint between two log steps stores
+    them (float64), and the resumed run adds the rest: the log lines equal the uninterrupted run's."""
+    from conftest import crash_and_resume
+    kw = {"train.steps": 12, "train.log_every": 5, "train.checkpoint_every": 3, "train.eval_every": 0}
+    full, part, _, _ = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=7)
+    assert [r["step"] for r in full] == [5, 10, 12] and "val_loss" in full[-1]
+    assert part == full  # train_loss, grad_norm, lr, counters, val_loss: every reproducible field
