@@ -185,14 +185,14 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
             try:
                 st = path.stat()  # before reading: a write during the hash leaves a newer mtime
             except OSError:
-                raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}") from None
+                raise DataError(f"{path} is missing (meta.json lists its sha256): {fix}") from None
             stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": expected}
             entry = cache.get(name)
             if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
                     and type(entry.get("max_id")) is int:
                 top = entry["max_id"]  # hashed before, unchanged since: trusted
             else:
-                digest, top = _scan(path, ids=name in ("train.bin", "val.bin")) if path.is_file() else (None, -1)
+                digest, top = _scan(path, ids=name in ("train.bin", "val.bin"))
                 hashed = True
                 if digest != expected:
                     raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}")

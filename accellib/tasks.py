@@ -29,6 +29,7 @@ import torch.nn.functional as Fn
 from . import flops as F
 from .config import ConfigError
 from .data import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
+from .losses import CHUNK_ELEMENTS
 from .model import Plan, Transformer, labelled_positions
 
 IMAGE_KINDS = ("vit", "cnn", "mlp")
@@ -119,7 +120,10 @@ class LMTask(_Task):
         logits, _ = model(x, positions=pos)
         if pos is not None:
             y = torch.gather(y, 1, pos)   # (b, k): the labels where the head ran
-        nll = Fn.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-100, reduction="none")  # (b, T)
+        # fp32 per sequence, a chunk of sequences at a time (no fp32 copy of a whole bf16 batch's logits)
+        rows = max(1, CHUNK_ELEMENTS // logits[0].numel())
+        nll = torch.cat([Fn.cross_entropy(lg.float().transpose(1, 2), t, ignore_index=-100, reduction="none")
+                         for lg, t in zip(logits.split(rows), y.split(rows))])   # (b, T or k)
         valid = (y != -100).float()
         return dict(loss=(nll * valid).sum(1), count=valid.sum(1))
 

@@ -89,8 +89,9 @@ def make_optimizer(params, o, fused: bool = False) -> torch.optim.Optimizer:
 
 def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
     """torch.compile each transformer block in place (train.compile=blocks). A whole-model compile sees a
-    new Python program whenever a technique's plan changes (a skipped block, a new PLD scale): 20 PLD steps
-    made 8 graphs and hit torch's recompile limit. One block is always the same function of (x, scale) or
+    new Python program whenever a technique's plan skips a new set of blocks: 20 PLD steps compiled 7
+    graphs (tests/test_efficiency.py), one more per new pattern until torch's recompile limit (8) makes it
+    fall back to eager. One block is always the same function of (x, scale) or
     of a (B, r, C) token subset, so each block needs a few graphs for the whole run: plain, scaled, and
     one with a dynamic length for random-LTD (tests/test_efficiency.py counts them). The parameters keep
     their names, so checkpoints and exports do not change."""

@@ -6,7 +6,7 @@ the target check: the baseline's bf16 MFU >= 45% (PASS/FAIL, exit status 1 on FA
 
     python benchmarks/gpu_check.py                      # 1000 steps per arm -> results/gpu_check_cuda.json
     python benchmarks/gpu_check.py --arms baseline,pld  # some arms only
-    python benchmarks/gpu_check.py --smoke --out /tmp/gc.json   # CPU: tiny model, 3 steps, the same commands
+    python benchmarks/gpu_check.py --smoke --out runs/gc_smoke.json   # CPU: tiny model, 3 steps, the same commands
 
 The model: 12 layers, d=768, 12 heads, seq 1024 (configs/gpt2_small_owt.yaml), batch 16 x grad_accum 4 on
 one GPU, bf16 (train.precision auto), train.compile=blocks, evaluated once at the end on 64 windows,
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rc = run_arm(name, cmd, runs / f"{name}.log")
         if rc != 0:
-            record["failed"][name] = f"exit status {rc}, see {runs / (name + '.log')}"
+            record["failed"][name] = f"exit status {rc}, see {rel(runs / (name + '.log'))}"
             print(f"gpu_check: {name} FAILED (exit status {rc}); its output is in {runs / (name + '.log')}")
             continue
         record["arms"][name] = dict(overrides=table[name], seconds=round(time.perf_counter() - t0, 1),

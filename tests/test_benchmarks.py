@@ -48,7 +48,7 @@ def test_gpu_check_smoke_writes_one_finite_record_per_arm(tmp_path):
     assert set(rec["arms"]) == {"baseline", "pld", "sbld", "random_ltd", "multilevel", "standardization_loss"}
     for name, arm in rec["arms"].items():
         f = arm["final"]
-        for k in ("tok_per_s", "train_loss", "val_loss", "tokens", "wall"):
+        for k in ("tok_per_s", "train_loss", "val_loss", "tokens", "wall", "mfu", "peak_mem_gb"):
             assert math.isfinite(f[k]) and f[k] > 0, (name, k, f)
         assert f["step"] >= 3, (name, f)
     assert "target" not in rec  # no MFU verdict on a CPU
