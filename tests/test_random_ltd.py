@@ -266,28 +266,71 @@ def _train_and_dump(data_dir, out_dir, extra):
     from accelerate.state import AcceleratorState
     cfg = load_config(None, tiny_overrides(data_dir, **extra))
     tr = Trainer(cfg)
+    keep = [tr.plan(0, m).blocks[1].keep.tolist() for m in range(cfg.train.grad_accum)]  # before training
     losses = [tr.train_step() for _ in range(3)]
     rank, world = tr.accelerator.process_index, tr.accelerator.num_processes
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(
         losses=[float(x) for x in losses], val=tr.evaluate()["val_loss"], params=params(tr).tolist(),
-        lt=tr.state.layer_tokens, ddp=tr.techniques[0].ddp_kwargs())))
+        lt=tr.state.layer_tokens, ddp=tr.techniques[0].ddp_kwargs(), keep=keep)))
     tr.accelerator.wait_for_everyone()
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.mark.timeout(180)
-def test_two_processes_gloo(tiny_data_dir, tmp_path):
-    extra = {**LTD, "random_ltd.min_len": 8, "train.batch_size": 4}
+@pytest.mark.parametrize("draws", ["per_rank", "shared"])
+def test_two_processes_gloo(tiny_data_dir, tmp_path, draws):
+    extra = {**LTD, "random_ltd.min_len": 8, "train.batch_size": 4, "random_ltd.draws": draws}
     launch_processes(_train_and_dump, (tiny_data_dir, tmp_path, extra), 2, timeout_s=150)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["ddp"] == {}                                 # every parameter is used: no find_unused_parameters
     assert r0["losses"] == r1["losses"] and r0["val"] == r1["val"] and r0["params"] == r1["params"]
     # 2 processes x 4 sequences; r = 8, 8, 16 in blocks 1 and 2 (ramp 60% of 6 steps = 4)
     assert r0["lt"] == 2 * 4 * sum(64 + 2 * r for r in (8, 8, 16))
+    # one process with 2 micro-batches of the same 4 sequences each: the same global batch
+    one = Trainer(load_config(None, tiny_overrides(tiny_data_dir, **extra, **{"train.grad_accum": 2})))
+    m0, m1 = (one.plan(0, m).blocks[1].keep.tolist() for m in (0, 1))
+    assert m0 == r0["keep"][0]                             # rank 0's draw is the 1-process draw of micro-batch 0
+    if draws == "shared":
+        assert r1["keep"] == r0["keep"] and m1 != m0       # every rank drops the same positions
+    else:   # rank r draws like global micro-batch r: the draws do not depend on the processes/accumulation split
+        assert r1["keep"] != r0["keep"] and r1["keep"][0] == m1
 
 
-def test_resume_is_exact(tiny_cfg, tmp_path, monkeypatch):
-    kw = {**LTD, "random_ltd.min_len": 8, "random_ltd.layer_token_lr": True,
+def test_draws_option_on_one_process_and_on_resume(tiny_cfg):
+    # one process: per_rank and shared draw bitwise the same subsets (cached single-process results hold)
+    a, b = (Trainer(tiny_cfg(**LTD, **{"random_ltd.min_len": 8, "random_ltd.draws": d, "train.grad_accum": 2}))
+            for d in ("per_rank", "shared"))
+    assert all(torch.equal(a.plan(s, m).blocks[1].keep, b.plan(s, m).blocks[1].keep) for s in (0, 3) for m in (0, 1))
+    assert a.techniques[0].cfg.draws == "per_rank"         # the default
+    # a multi-process resume under the other mode is refused in one line; an old checkpoint (no key) was shared
+    t = a.techniques[0]
+    state = t.state_dict()
+    t.world = 2
+    for saved in ({**state, "draws": "shared"}, {k: v for k, v in state.items() if k != "draws"}):
+        with pytest.raises(ConfigError, match="draws=shared") as e:
+            t.load_state_dict(saved)
+        assert "\n" not in str(e.value)
+    t.load_state_dict(state)                                # the same mode resumes
+    t.world = 1
+    t.load_state_dict({**state, "draws": "shared"})         # one process: the same subsets, accepted
+
+
+def test_padded_data_is_refused_in_one_line(tiny_data_dir, tmp_path):
+    import shutil
+    padded = tmp_path / "padded"
+    shutil.copytree(tiny_data_dir, padded)
+    meta = json.loads((padded / "meta.json").read_text())
+    (padded / "meta.json").write_text(json.dumps({**meta, "pad_id": 0}))
+    cfg = load_config(None, tiny_overrides(str(padded), **LTD))
+    with pytest.raises(ConfigError, match="pad_id=0") as e:
+        Trainer(cfg)
+    assert "\n" not in str(e.value)
+    Trainer(load_config(None, tiny_overrides(str(padded))))   # without random-LTD the same data trains
+
+
+@pytest.mark.parametrize("draws", ["per_rank", "shared"])
+def test_resume_is_exact(tiny_cfg, tmp_path, monkeypatch, draws):
+    kw = {**LTD, "random_ltd.min_len": 8, "random_ltd.layer_token_lr": True, "random_ltd.draws": draws,
           "train.steps": 8, "train.grad_accum": 2, "train.checkpoint_every": 5}
     full, part, rec_full, rec_part = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=6)
     assert part == full

@@ -23,11 +23,28 @@ is "earlier in the original sequence", so a kept token attends exactly to the ke
 earlier positions. Positions stay the original ones: the learned position embedding is added to
 each token before block 0 and travels with it.
 
-Padding (MLM with padded batches). Our data is packed, so there is no padding. With a per-sample
-padding mask pad (B, S) (True = real token), a dropped block needs the *kept* part of it:
-`kept_key_mask(pad, keep)` gives the (B, 1, 1, r) key mask for the gathered tokens (DeepSpeed
-gathers the encoder mask along both axes; along the query axis nothing is needed because padded
-queries are ignored by the loss anyway). The model's attention would take it as `attn_mask`.
+Data-parallel draws (`random_ltd.draws`). The paper draws an independent subset per (layer,
+sample) (§3.1). Under data parallelism the global batch is split across processes, so "per sample"
+means per rank too; Megatron-DeepSpeed reseeds its sampler per rank for exactly this reason
+(`megatron/training.py`: "random-ltd requires different randomness on each rank").
+  per_rank (default)  the generator is keyed by the *global* micro-batch index m * world + rank, the
+                      index the data sampler uses: every sample of the global batch gets its own subsets,
+                      and the draws, like the batches, do not depend on how the global batch is split into
+                      processes x micro-batches (2 processes x 1 micro-batch = 1 process x 2). With one
+                      process the index is m: bitwise the `shared` draws, so single-process runs (and every
+                      cached result) are unchanged.
+  shared              keyed by the micro-step m alone: every rank drops the same positions of its samples
+                      (sample b on rank 0 and on rank 1 share subsets). This was the only behaviour before
+                      the option existed; keep it to reproduce multi-process runs made then.
+Both are rebuilt from integers on resume, so resuming is exact either way. Random-LTD uses every
+parameter on every rank whichever is chosen, so DDP needs no find_unused_parameters.
+
+Padding. No accellib path feeds padded batches: language batches are windows of one packed token
+stream (accellib/data.py) and the model's attention takes no padding mask. A data folder whose
+meta.json declares a pad id is refused in one line at setup, because a dropped block would let real
+tokens attend to pads. `kept_key_mask(pad, keep)` is the piece a padded task would need (the key mask
+of the gathered tokens; DeepSpeed gathers the encoder mask the same way); it is not wired into the
+model (notebook 03, exercise 5).
 """
 from __future__ import annotations
 
@@ -43,6 +60,7 @@ from . import register
 from .base import Technique
 
 _TAG = 0x17D  # separates random-LTD's draws from the data sampler's (seed, step, micro) stream
+PAD_KEYS = ("pad_id", "pad_token_id")  # a meta.json that declares one of these holds padded sequences
 
 
 @dataclass
@@ -54,6 +72,9 @@ class RandomLTDConfig:
                              "0 = 60% of train.steps (or of budget_steps when set)", min=0, horizon="steps")
     layers: list[int] = opt([], "blocks that drop tokens; [] = the middle blocks 1..n_layer-2")
     layer_token_lr: bool = opt(False, "key LR warm-up/decay by consumed LayerTokens instead of steps")
+    draws: str = opt("per_rank", "per_rank: each data-parallel rank draws its own subsets (keyed like its "
+                                 "batches, as Megatron-DeepSpeed); shared: every rank drops the same positions",
+                     choices=["per_rank", "shared"])
     budget_steps: int = opt(0, "stop once LayerTokens reach this many full-length (baseline) steps' "
                                "worth; also the LayerToken LR's decay end. 0 = stop at train.steps", min=0,
                                horizon="steps")
@@ -146,10 +167,17 @@ class RandomLTD(Technique):
         self.device = torch.device("cpu")
         self.last_r = self.schedule(0)
         self.lt_per_step = 0  # set in setup, when the world size is known
+        self.world, self.rank = 1, 0  # data-parallel size and index, set in setup
 
     def setup(self, trainer) -> None:
         c, m, t, o = self.cfg, self.run_cfg.model, self.run_cfg.train, self.run_cfg.optim
         self.device = trainer.accelerator.device
+        self.world, self.rank = trainer.dp  # data-parallel: a pipeline's stages share one rank here
+        pad = next((k for k in PAD_KEYS if k in getattr(trainer.task.data, "meta", {})), None)
+        if pad is not None:
+            raise ConfigError(f"random_ltd needs packed data without padding, but {self.run_cfg.data.path}/"
+                              f"meta.json declares {pad}={trainer.task.data.meta[pad]}: the model has no padding "
+                              "mask, so kept tokens would attend to pads; pack the data or disable random_ltd")
         # LayerTokens of one full-length optimizer step, all processes
         self.lt_per_step = trainer.accelerator.num_processes * t.grad_accum * t.batch_size * m.seq_len * m.n_layer
         if c.layer_token_lr:
@@ -158,21 +186,24 @@ class RandomLTD(Technique):
 
     def preview(self) -> None:  # one process: LayerTokens of a full-length step
         m, t = self.run_cfg.model, self.run_cfg.train
+        self.world, self.rank = 1, 0
         self.lt_per_step = t.grad_accum * t.batch_size * m.seq_len * m.n_layer
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
         """Each dropping block's kept indices, drawn on the model's device (no host-to-device copy)
-        from generator_for(seed, step, micro_step, _TAG, layer): independent per (step, micro-batch,
-        layer) and rebuilt from those integers on resume, so resuming is exact. On CPU the draws are
-        the CPU generator's; on CUDA they come from the Philox stream, equally uniform subsets but
-        different ones, so a CUDA run and a CPU run of the same seed drop different tokens."""
+        from generator_for(seed, step, index, _TAG, layer), index = the global micro-batch index
+        (per_rank) or the micro-step (shared): independent per (step, micro-batch, layer) and rebuilt
+        from those integers on resume, so resuming is exact. On CPU the draws are the CPU generator's;
+        on CUDA they come from the Philox stream, equally uniform subsets but different ones, so a
+        CUDA run and a CPU run of the same seed drop different tokens."""
         r = self.last_r = self.schedule(step)
         S, B = self.run_cfg.model.seq_len, self.run_cfg.train.batch_size
         if r >= S:
             return  # full length: no gather/scatter at all (bitwise the plain model)
         seed = self.run_cfg.train.seed
+        index = micro_step * self.world + self.rank if self.cfg.draws == "per_rank" else micro_step
         for i in self.layers:
-            g = generator_for(seed, step, micro_step, _TAG, i, device=self.device)
+            g = generator_for(seed, step, index, _TAG, i, device=self.device)
             plan.blocks[i].keep = keep_indices(B, S, r, g)
 
     def should_stop(self, state) -> bool:
@@ -186,11 +217,16 @@ class RandomLTD(Technique):
         return out
 
     def state_dict(self) -> dict:
-        return dict(schedule=self.schedule.state_dict(), layers=self.layers, last_r=self.last_r)
+        return dict(schedule=self.schedule.state_dict(), layers=self.layers, last_r=self.last_r,
+                    draws=self.cfg.draws)
 
     def load_state_dict(self, d: dict) -> None:
         if d["schedule"] != self.schedule.state_dict() or list(d["layers"]) != self.layers:
             raise ConfigError(f"the checkpoint's random_ltd schedule {d['schedule']} (layers {d['layers']}) "
                               f"differs from this config's {self.schedule.state_dict()}; resume with the same "
                               "random_ltd settings and train.steps (ramp_steps=0 follows train.steps)")
+        was = d.get("draws", "shared")  # checkpoints from before the option drew shared subsets
+        if was != self.cfg.draws and self.world > 1:  # one process: the two draw the same subsets
+            raise ConfigError(f"the checkpoint was trained with random_ltd.draws={was}; resume it with "
+                              f"--random_ltd.draws={was} (this run says {self.cfg.draws})")
         self.last_r = d["last_r"]
