@@ -9,6 +9,17 @@ time (to a floor theta_bar) and over depth (deeper blocks are dropped more):
     E[executed blocks] = L - (1 - theta)(L + 1) / 2
 
 Kept blocks' residual branches are scaled by 1/p_l in training, eval runs the full model.
+
+Depth conventions (`pld.convention`): `paper` is the §4.2 formula above, l = 1..L (the first block can
+be skipped, the last is kept with probability theta). `code` is DeepSpeedExamples' BERT
+(modelingpreln_layerdrop.py): p starts at 1 and falls by (1 - theta)/L after each block, i.e.
+l = 0..L-1, so the first block is always kept and E = L - (1 - theta)(L - 1)/2. The paper's
+Algorithm 1 is written like that code (p <- 1 before the layer loop, p <- p - step after each layer),
+so the paper's pseudo-code is the `code` convention and its formula the `paper` one. Algorithm 1 also
+ties gamma to the run length (gamma = 100/T). Both Algorithm 1 readings are from the PDF as recalled,
+not re-checked here (the PDF is not among the course's sources). gamma = 0.001, our default, is
+DeepSpeed's default (runtime/constants.py) and its PLD tutorial's recommendation, not a value from the
+paper's text.
 The gate, scaling, DDP and zero-fill machinery is shared with SBLD in `_layer_drop_common.py`.
 
     python -m accellib.train --config configs/pld_tiny.yaml --out runs/pld
