@@ -7,9 +7,9 @@ the model grows toward the papers' regime, and where would it start to pay off?
 The grid: depth {4, 6, 12} x width {64, 128, 192} (heads of 16 dimensions), on configs/tutorial.yaml's base
 and arms (baseline, pld, sbld, random_ltd, multilevel), every arm at the baseline's FLOPs of its size
 (`compare --budget flops`, schedules stretched to each arm's horizon), 3 seeds. Depth 4 is the shallowest
-every arm accepts: random-LTD needs a middle block and the V-cycle merges pairs of blocks. The tutorial's 300 steps of 32 x 64 tokens are kept at every
-size, so the (6, 64) cell is the tutorial's compute-matched experiment (results/tutorial_flops.json); eval
-every 50 steps instead of 25.
+every arm accepts: random-LTD needs a middle block and the
+V-cycle merges pairs of blocks. Every size trains the tutorial's 300 steps and schedules on batches of 16
+(not 32) windows of 64 tokens, so that the sweep fits in about 1.5 hours on 2 cores; eval every 50 steps.
 
 Learning rate: the tutorial's 7e-3 was tuned at d = 64 (notebook 00). Wider models get 7e-3 x 64 / d, the
 1/width rule of muP for Adam's hidden-layer updates (Yang et al. 2022, "Tensor Programs V", Table 3); it is
@@ -47,6 +47,20 @@ def size_overrides(depth: int, width: int) -> list[str]:
             f"--optim.lr={BASE_LR * BASE_WIDTH / width:.6g}"]
 
 
+def collect(runs: Path, sizes: list[tuple[int, int]]) -> list[dict]:
+    """One record per size: its compare summary, budget plan and every run's curve."""
+    cells = []
+    for L, d in sizes:
+        out = runs / f"{L}x{d}"
+        curves = {str(p.parent.relative_to(out)): [{k: v for k, v in rec.items() if k in CURVE_KEYS}
+                                                  for rec in read_metrics(p.parent)]
+                  for p in sorted(out.rglob("record.json"))}
+        cells.append(dict(n_layer=L, d_model=d, lr=BASE_LR * BASE_WIDTH / d,
+                          summary=json.loads((out / "summary.json").read_text()),
+                          budget=json.loads((out / "budget.json").read_text()), curves=curves))
+    return cells
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2, help="compare processes at once (one core each)")
@@ -55,7 +69,7 @@ def main() -> int:
     sizes = [(4, 64), (4, 192)] if args.quick else [(L, d) for L in DEPTHS for d in WIDTHS]
     seeds = 1 if args.quick else SEEDS
     extra = ["--train.steps=20", "--train.eval_every=10", "--optim.warmup_steps=4"] if args.quick else \
-        ["--train.eval_every=50"]
+        ["--train.eval_every=50", "--train.batch_size=16"]
     runs = ROOT / "runs" / ("scaling_quick" if args.quick else "scaling")
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -78,16 +92,9 @@ def main() -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, [j for j in jobs if j[2] == "baseline"]))
         list(pool.map(one, [j for j in jobs if j[2] != "baseline"]))
-    cells = []
-    for L, d in sizes:
-        out = runs / f"{L}x{d}"
+    for L, d in sizes:   # the table over all arms of a size (writes its summary.json)
         subprocess.run(command(L, d, ",".join(ARMS)), cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-        summary = json.loads((out / "summary.json").read_text())
-        curves = {str(p.parent.relative_to(out)): [{k: v for k, v in rec.items() if k in CURVE_KEYS}
-                                                  for rec in read_metrics(p.parent)]
-                  for p in sorted(out.rglob("record.json"))}
-        cells.append(dict(n_layer=L, d_model=d, lr=BASE_LR * BASE_WIDTH / d, summary=summary,
-                          budget=json.loads((out / "budget.json").read_text()), curves=curves))
+    cells = collect(runs, sizes)
     wall = round(time.perf_counter() - t0, 1)
     print(f"scaling sweep: {len(sizes)} sizes x {len(ARMS)} arms x {seeds} seeds in {wall:.0f} s with {args.jobs} jobs")
     if not args.quick:

@@ -1,0 +1,72 @@
+"""The scale trend of results/scaling_trend.json (benchmarks/scaling.py, notebook 09): each technique's loss
+gap to the baseline of the same size at equal FLOPs, against model size, with a fitted log-linear trend.
+
+    gap(arm, size, seed) = val_loss(arm, seed) - val_loss(baseline, seed)     (paired by seed: same data order)
+    gap ~ a + b * log10(N)      least squares over every (size, seed) point, N = non-embedding parameters
+
+A negative gap means the technique beats the compute-matched baseline. The fit's zero crossing
+N* = 10^(-a/b) is where the trend says the sign flips; it is an extrapolation, reported with the slope's
+standard error, never a measurement.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def non_embedding_params(n_layer: int, d_model: int, mlp_ratio: int = 4) -> int:
+    """Parameters of the blocks and the final LayerNorm (Kaplan et al. 2020's N): per block the attention's
+    4 d^2 + 4 d, the MLP's 2 r d^2 + (r + 1) d and two LayerNorms' 4 d; the embeddings and head are left out."""
+    d, r = d_model, mlp_ratio
+    per_block = 4 * d * d + 4 * d + 2 * r * d * d + (r + 1) * d + 4 * d
+    return n_layer * per_block + 2 * d
+
+
+def paired_gaps(res: dict) -> dict[str, list[dict]]:
+    """{arm: [one row per size: n_layer, d_model, params, gaps (per seed), mean, sd]} for every non-baseline arm."""
+    out: dict[str, list[dict]] = {}
+    for cell in res["cells"]:
+        rows = {r["arm"]: r for r in cell["summary"]["rows"]}
+        base = rows["baseline"]["val_losses"]
+        for arm, row in rows.items():
+            if arm == "baseline":
+                continue
+            gaps = [a - b for a, b in zip(row["val_losses"], base, strict=True)]
+            out.setdefault(arm, []).append(dict(
+                n_layer=cell["n_layer"], d_model=cell["d_model"],
+                params=non_embedding_params(cell["n_layer"], cell["d_model"]), gaps=gaps,
+                mean=statistics.fmean(gaps), sd=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+                baseline=statistics.fmean(base)))
+    for rows in out.values():
+        rows.sort(key=lambda r: r["params"])
+    return out
+
+
+def fit_log_trend(rows: list[dict]) -> dict:
+    """Least-squares gap = a + b log10(N) over every (size, seed) point; the slope's standard error; the
+    zero crossing N* = 10^(-a/b) (None when b = 0)."""
+    xs = [math.log10(r["params"]) for r in rows for _ in r["gaps"]]
+    ys = [g for r in rows for g in r["gaps"]]
+    n = len(xs)
+    if n < 3 or len(set(xs)) < 2:
+        raise ValueError(f"a trend needs points at >= 2 sizes and >= 3 in all, got {n} at {len(set(xs))} sizes")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - b * mx
+    resid = [y - (a + b * x) for x, y in zip(xs, ys)]
+    s2 = sum(e * e for e in resid) / (n - 2)
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    return dict(intercept=a, slope=b, slope_se=math.sqrt(s2 / sxx), n_points=n,
+                r2=1 - sum(e * e for e in resid) / ss_tot if ss_tot > 0 else 1.0,
+                crossover_params=10 ** (-a / b) if b != 0 else None)
+
+
+def trend_table(res: dict) -> list[dict]:
+    """One row per technique: its gap at the smallest and the largest model, the fitted slope per decade of
+    N with its standard error, and the extrapolated zero crossing."""
+    table = []
+    for arm, rows in paired_gaps(res).items():
+        fit = fit_log_trend(rows)
+        table.append(dict(arm=arm, small=rows[0], large=rows[-1], **fit))
+    return table

@@ -1,0 +1,48 @@
+"""accellib/trend.py: the scale-trend analysis of notebook 09 (paired gaps, log-linear fit, zero crossing)."""
+import math
+
+import pytest
+
+from accellib.model import ModelConfig, Transformer
+from accellib.trend import fit_log_trend, non_embedding_params, paired_gaps, trend_table
+
+
+def fake_result(gap_of, sizes=((4, 64), (6, 128), (12, 192)), base=(2.0, 2.1, 2.2)):
+    """A results/scaling_trend.json-shaped record whose pld gap is gap_of(params, seed index)."""
+    cells = []
+    for L, d in sizes:
+        n = non_embedding_params(L, d)
+        rows = [dict(arm="baseline", val_losses=list(base)),
+                dict(arm="pld", val_losses=[b + gap_of(n, i) for i, b in enumerate(base)])]
+        cells.append(dict(n_layer=L, d_model=d, summary=dict(rows=rows)))
+    return dict(cells=cells)
+
+
+@pytest.mark.parametrize("L,d", [(4, 64), (6, 128), (12, 192)])
+def test_non_embedding_params_counts_the_model(L, d):
+    m = Transformer(ModelConfig(n_layer=L, d_model=d, n_head=d // 16, seq_len=64, tie_head=False))
+    skip = ("transformer.wte", "transformer.wpe", "lm_head")
+    assert non_embedding_params(L, d) == sum(p.numel() for k, p in m.named_parameters() if not k.startswith(skip))
+
+
+def test_exact_line_is_recovered_with_its_crossover():
+    # gap = 0.3 - 0.05 log10(N): zero at N = 10^6; seeds add +-0.01 symmetrically, so the line is unchanged
+    res = fake_result(lambda n, i: 0.3 - 0.05 * math.log10(n) + (-0.01, 0.0, 0.01)[i])
+    (row,) = trend_table(res)
+    assert row["arm"] == "pld" and row["n_points"] == 9
+    assert row["slope"] == pytest.approx(-0.05, abs=1e-12) and row["intercept"] == pytest.approx(0.3, abs=1e-11)
+    assert row["crossover_params"] == pytest.approx(1e6, rel=1e-9)
+    assert row["slope_se"] > 0 and 0 < row["r2"] < 1
+
+
+def test_gaps_are_paired_by_seed():
+    rows = paired_gaps(fake_result(lambda n, i: 0.1 * i))["pld"]
+    assert [r["gaps"] for r in rows] == [pytest.approx([0.0, 0.1, 0.2])] * 3
+    assert rows[0]["mean"] == pytest.approx(0.1) and rows[0]["sd"] == pytest.approx(0.1)
+    assert [r["params"] for r in rows] == sorted(r["params"] for r in rows)
+
+
+def test_flat_trend_has_no_crossover_and_one_size_is_refused():
+    assert fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.02 * (i - 1)))["pld"])["crossover_params"] is None
+    with pytest.raises(ValueError, match="2 sizes"):
+        fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.1, sizes=((4, 64),)))["pld"])
