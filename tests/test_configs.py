@@ -81,3 +81,23 @@ def test_documented_prepare_commands_write_where_the_configs_read():
             dest = ROOT / out.rstrip("\\n\",") if out else default_out_dir(dataset, tok)
             assert str(dest) in read, f"{doc.name}: {m.group(0)} writes {dest}, which no GPU-scale config reads"
     assert found >= 3  # the README and the notebooks do show these commands
+
+
+@pytest.mark.parametrize("name", ["random_ltd_gpt2_small_owt", "random_ltd_gpt2_medium_owt"])
+def test_random_ltd_pretraining_configs_use_the_layer_token_schedule(name):
+    # Yao et al. 2022 (§3.3, App. C): pretraining keys the LR warm-up/decay and the stop to consumed LayerTokens
+    c = load_config(ROOT / "configs" / f"{name}.yaml")
+    ltd = c.techniques["random_ltd"]
+    assert ltd.enabled and ltd.layer_token_lr and ltd.draws == "per_rank"
+    assert 0 < ltd.budget_steps <= c.train.steps           # the budget ends the run; train.steps is only a cap
+    assert 0 < ltd.ramp_steps < ltd.budget_steps
+
+
+def test_multilevel_gpt_base_follows_the_papers_recipe():
+    # Zou et al. 2024, the experiment setup for GPT-Base: peak LR 1e-4, batch 256, 10K warm-up steps, alpha 0.25
+    c = load_config(ROOT / "configs" / "multilevel_gpt_base.yaml")
+    ml, t = c.techniques["multilevel"], c.train
+    assert c.optim.lr == 1e-4 and c.optim.warmup_steps == 10_000 and ml.alpha == 0.25
+    assert t.batch_size * t.grad_accum * 8 == 256           # 8 GPUs, as the config's launch command
+    assert round(ml.warm_frac * t.steps) == c.optim.warmup_steps   # coalesced at the end of the warm-up
+    assert (ml.width_pairing, ml.depth_pairing) == ("half", "adjacent") and not c.model.tie_head

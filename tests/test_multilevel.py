@@ -65,6 +65,18 @@ def test_pairing_is_head_aligned():
     assert torch.equal(A[0].nonzero().flatten(), torch.tensor([0, 8]))
 
 
+def test_half_pairing_is_the_papers_width_matrix():
+    # the paper's F_out = [I/2, I/2]^T averages unit j with unit j + d/2: our default `half` pairing,
+    # for the residual width (head chunks) and for the FFN (chunks of mlp_ratio * head_dim) alike
+    maps = ml._width_maps(CFG, 2, "half")
+    for space, n in (("h", CFG.d_model), ("f", CFG.mlp_ratio * CFG.d_model)):
+        A, P = maps[space]
+        half = torch.eye(n // 2) / 2
+        assert torch.equal(A, torch.cat([half, half], 1)) and torch.equal(P, 2 * torch.cat([half, half], 0))
+    A_adj, _ = ml._width_maps(CFG, 2, "adjacent")["h"]
+    assert not torch.equal(A_adj, maps["h"][0])             # `adjacent` (head 2h with 2h+1) is another matrix
+
+
 def test_coalesced_config_shapes_and_param_count():
     small_sd, small = ml.coalesce(generic_state(), CFG)
     assert (small.n_layer, small.n_head, small.d_model, small.head_dim) == (2, 2, 16, CFG.head_dim)
@@ -118,6 +130,30 @@ def test_width_decoalescing_preserves_the_function_depth_does_not():
                for k in ("attn.c_attn.weight", "mlp.c_fc.bias", "ln_2.weight"))
     gap = (model_from(big, CFG)(x)[0] - model_from(small_sd, small)(x)[0]).abs().max().item()
     assert gap > 1e-2, gap
+
+
+def test_official_embedding_factors_break_our_pre_ln_gpt(capsys):
+    """The official GPT-2 mapper's x0.5 on the embeddings after width de-coalescing (a side effect of
+    GPT-2's tied head) starts our pre-LN residual stream at half scale: the logits change by O(1), while
+    ours (embeddings copied, untied head halved) keep the small model's function."""
+    x = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=torch.Generator().manual_seed(0))
+    width = ml.LevelMap(depth=False)
+    small_sd, small = ml.coalesce(generic_state(), CFG, width)
+    ys = model_from(small_sd, small)(x)[0]
+    ours = ml.decoalesce(small_sd, CFG, width)
+    official = ml.official_embedding_factor(ours, 0.5)
+    err = {name: (model_from(sd, CFG)(x)[0] - ys).abs().max().item() for name, sd in
+           (("ours", ours), ("official x0.5", official))}
+    with capsys.disabled():
+        print(f"\nwidth de-coalescing, max |logit diff| vs the small model (fp32, |logits| <= "
+              f"{ys.abs().max().item():.2f}): ours {err['ours']:.1e}, official x0.5 {err['official x0.5']:.3f}")
+    assert err["ours"] < 1e-5 and err["official x0.5"] > 0.1
+    assert set(k for k in ours if not torch.equal(ours[k], official[k])) == {"transformer.wte.weight",
+                                                                              "transformer.wpe.weight"}
+    # the official pair of factors round-trips like ours: x2 after coalescing undoes x0.5
+    back, _ = ml.coalesce(official, CFG, width)
+    back = ml.official_embedding_factor(back, 2.0)
+    assert all(torch.equal(back[k], small_sd[k]) for k in small_sd)
 
 
 def test_width_and_depth_commute():

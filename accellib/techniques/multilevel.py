@@ -3,8 +3,8 @@
 
 A V-cycle trains a cheap coalesced copy of the model in the middle of training:
 
-    coalesce     large -> small: pairs of whole heads / FFN chunks averaged in width (head size kept),
-                 pairs of adjacent blocks averaged in depth                       (paper §3.2, Eq. 2-7)
+    coalesce     large -> small: in width, pairs of whole heads / FFN chunks averaged (head size kept),
+                 unit j with unit j + d/2 by default; in depth, block 2i with block 2i+1 (paper §3.2)
     de-coalesce  small -> large: units and blocks copied, each consumer's input weights split in half
     interpolate  theta_k = (1 - alpha) * theta_k^saved + alpha * D(theta_{k+1})  (paper §3.3; alpha
                  weights the de-coalesced model, as in the official code's `interpolate`)
@@ -24,6 +24,30 @@ Linear's input columns) by P^T on the right (coalesce: the pair's inputs are sum
 right (de-coalesce: each input weight is split across the duplicates). So a de-coalesced layer
 sees P x_small and produces P y_small: width de-coalescing is exactly function-preserving for our
 pre-LN GPT with an untied head. Depth de-coalescing (a block applied twice) is not.
+
+Which units pair (`width_pairing`, `depth_pairing`). The paper's width matrix F_out = [I/2, I/2]^T
+averages unit j with unit j + d/2: that is `half` (small unit i <- large units i and i + d/2; with
+head-sized chunks, head h with head h + H/2, so merging stays head-aligned), which is also what the
+official code does (its default template and its shipped L6-H6.json). The paper's prose says
+"neighbouring" units, but its matrix is not `adjacent` (head 2h with 2h + 1); `adjacent` is offered
+because it is equally function-preserving. In depth the paper averages adjacent blocks
+(R[i, 2i] = R[i, 2i+1] = 1/2, the official code's default too): `adjacent`; the shipped L6-H6.json
+instead pairs block i with block i + L/2 (`half`).
+
+Embeddings and the LM head: where we differ from the official code. The official GPT-2 mapper
+(map_tools/mapper.py, GPT2Mapper) multiplies the token and position embeddings by 2 after width
+coalescing and by 0.5 after width de-coalescing. That is a side effect of GPT-2's tied head: an
+embedding *produces* the residual stream (averaged / copied: E A^T, E P^T) while the head *consumes*
+it (summed / halved: W P, W A). One tied matrix cannot be both; copied without a factor, the tied
+logits double (P^T P = 2I), so the official code gives the tied matrix the head's factors and the
+embeddings inherit them. In BERT the embedding LayerNorm absorbs that scale; in GPT-2's pre-LN
+stream nothing does, and the residual stream starts at half scale (the official README's testbench
+lists 9.3e-2 for GPT-2's width de-coalescing against 3.0e-7 for BERT). We untie the head instead
+(`check_coalescable` refuses a tied one) and map embeddings and head each by its own role, with no
+factor. Width de-coalescing then preserves the function of our pre-LN GPT: on a random model the
+max |logit difference| is ~1e-6 in fp32, against ~1 with the official x0.5 applied to our embeddings
+(`official_embedding_factor`; measured in tests/test_multilevel.py and notebook 04). Everything else
+(block tensors, final LayerNorm, head, interpolation) maps as the official mapper does.
 """
 from __future__ import annotations
 
@@ -47,8 +71,9 @@ class MultiLevelError(ConfigError):
 # ----------------------------------------------------------------------------- matrices
 def groups(n_large: int, factor: int, pairing: str) -> list[list[int]]:
     """Which large units (or chunks) form each small unit.
-    half:     small i <- {i, i + n_s, i + 2 n_s, ...}  (official code: head h with head h + H/2)
-    adjacent: small i <- {f i, f i + 1, ..., f i + f - 1} (the paper's "neighbouring" units/layers)"""
+    half:     small i <- {i, i + n_s, i + 2 n_s, ...}: for pairs, unit j with j + n/2, the paper's width
+              matrix F = [I/2, I/2]^T and the official code (head h with head h + H/2)
+    adjacent: small i <- {f i, f i + 1, ..., f i + f - 1}: the paper's depth pairing (blocks 2i, 2i+1)"""
     if pairing not in PAIRINGS:
         raise MultiLevelError(f"pairing {pairing!r} is not one of {PAIRINGS}")
     if factor < 1 or n_large % factor:
@@ -171,6 +196,13 @@ def decoalesce_width(sd: dict, large: ModelConfig, factor: int = 2, pairing: str
     return out
 
 
+def official_embedding_factor(sd: dict, factor: float) -> dict:
+    """The official GPT-2 mapper's extra step: token and position embeddings times `factor` (2 after
+    width coalescing, 0.5 after width de-coalescing). The V-cycle does not use it (see the module
+    docstring); it is here to measure what it does to our untied pre-LN GPT."""
+    return {k: v * factor if k in ("transformer.wte.weight", "transformer.wpe.weight") else v for k, v in sd.items()}
+
+
 # ----------------------------------------------------------------------------- depth
 def _split_block_key(k: str) -> Optional[tuple[int, str]]:
     parts = k.split(".")
@@ -277,10 +309,10 @@ class MultiLevelConfig:
     factor: int = opt(2, "reduction per level (2 = half width, half depth)", min=2, max=4)
     width: bool = opt(True, "coalesce width (heads, FFN, embeddings)")
     depth: bool = opt(True, "coalesce depth (groups of blocks)")
-    width_pairing: str = opt("half", "head h merges with h+H/2 (official code) or with its neighbour",
-                             choices=list(PAIRINGS))
-    depth_pairing: str = opt("adjacent", "block 2i with 2i+1 (paper) or i with i+L/2 (official config)",
-                             choices=list(PAIRINGS))
+    width_pairing: str = opt("half", "half: head h with h+H/2, i.e. unit j with j+d/2 (the paper's F = [I/2, I/2]^T, "
+                             "and the official code); adjacent: head 2h with 2h+1", choices=list(PAIRINGS))
+    depth_pairing: str = opt("adjacent", "adjacent: block 2i with 2i+1 (paper, official default); half: block i "
+                             "with i+L/2 (the official L6-H6.json)", choices=list(PAIRINGS))
 
     def validate(self) -> None:
         if not (self.width or self.depth):

@@ -14,11 +14,13 @@ a list of stages, each trained by the one `accellib.trainer.Trainer` in its own 
 (`accellib.train` hands any config with multilevel.enabled=true to `run_vcycle` below.)
 
 Choices (Zou et al. §3.4 and the official code): a fresh AdamW per stage (the official code resets it too) with an optional
-linear re-warm-up of `rewarm_steps`; the data stream *continues*: stage k's step s draws the batch
-of global step offset_k + s, so the V-cycle reads the same sequence of batches as the baseline
-(the official example restarts the sampler every stage). Cumulative tokens / FLOPs / wall are
-carried into each stage's TrainState, so every stage's metrics are on the whole run's axes; the
-mapping time is added to the wall clock.
+linear re-warm-up of `rewarm_steps`; each stage decays its LR with the trainer's warm-up + cosine schedule
+(to optim.min_lr_ratio), where the official GPT-2 example runs every stage as a new HF Trainer with its
+default *linear* decay to 0 (accellib's trainer has only the cosine schedule); the data stream
+*continues*: stage k's step s draws the batch of global step offset_k + s, so the V-cycle reads the
+same sequence of batches as the baseline (the official example restarts the sampler every stage).
+Cumulative tokens / FLOPs / wall are carried into each stage's TrainState, so every stage's metrics
+are on the whole run's axes; the mapping time is added to the wall clock.
 
 Output folder:  config.yaml, vcycle.json (the stage plan + what is done), metrics.jsonl (all stages,
 global steps, `stage` and `level` fields, plus a record of the loss right after each transition),
