@@ -41,6 +41,13 @@ communication thread where each layer's all_reduce takes bytes / bandwidth in al
 so loopback's speed does not hide the overlap; it works on one process too (sleep only).
 `order: standard` runs the same engine micro-batch-major (reductions launched during the last
 micro-batch's backward, as DDP + no_sync does), for apples-to-apples comparisons.
+
+The loop talks to the data-parallel group through four calls (`AllReduceGrads` here): gather(params)
+before a segment computes, release(params) after, reduce(params) once a segment's gradients are final,
+finish() before the optimizer step. `shard: true` swaps in the ZeRO-3 half of the paper's §4
+(accellib/parallel/zero_layered.py): parameters sharded over the processes, gathered once per segment
+per pass and released after it, gradients reduce-scattered; the technique then runs as an engine
+(accellib/parallel/engine.py), since the optimizer must step the shards, not the model.
 """
 from __future__ import annotations
 
@@ -48,23 +55,36 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..config import opt
-from ..model import gather_positions, lm_loss, run_block
+from ..config import ConfigError, opt
+from ..model import Plan, gather_positions, lm_loss, run_block
 from ..techniques import register
-from ..techniques.base import Technique
+from .engine import Engine
+
+
+def ring_factor(kind: str, n: int) -> float:
+    """Bytes one process sends on its link per byte of the full tensor in a ring collective over n
+    processes: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n. One process emulating a
+    link (n = 1) is charged as a two-process ring."""
+    n = max(n, 2)
+    return (2.0 if kind == "all_reduce" else 1.0) * (n - 1) / n
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class CommThread:
-    """A serial emulated link: each job all-reduces (if world > 1), then sleeps until bytes/bandwidth
-    has passed since it started."""
+    """A serial emulated link: jobs run one at a time on one thread; a job runs its collectives, then
+    sleeps until link_bytes / bandwidth has passed since it started (the real loopback transfer is
+    part of that time), so the link is what the predictions assume."""
 
-    def __init__(self, bytes_per_s: float, world: int):
-        self.bps, self.world = bytes_per_s, world
+    def __init__(self, bytes_per_s: float):
+        self.bps = bytes_per_s
         self.q: queue.Queue = queue.Queue()
         self.t = threading.Thread(target=self._loop, daemon=True)
         self.t.start()
@@ -74,20 +94,16 @@ class CommThread:
             job = self.q.get()
             if job is None:
                 return
-            tensors, done = job
-            # a message takes bytes / bandwidth on the link, the real (loopback) transfer included:
-            # reduce, then sleep what is left, so the link model is what the prediction assumes
+            run, link_bytes, done = job
             t0 = time.perf_counter()
-            for t in tensors:
-                if self.world > 1:
-                    dist.all_reduce(t)
-            link = sum(t.numel() * t.element_size() for t in tensors) / self.bps
-            time.sleep(max(0.0, link - (time.perf_counter() - t0)))
-            done()
+            run()
+            time.sleep(max(0.0, link_bytes / self.bps - (time.perf_counter() - t0)))
+            if done is not None:
+                done()
             self.q.task_done()
 
-    def submit(self, tensors, done):
-        self.q.put((tensors, done))
+    def submit(self, run: Callable[[], None], link_bytes: float, done: Optional[Callable] = None):
+        self.q.put((run, link_bytes, done))
 
     def wait(self):
         self.q.join()
@@ -96,8 +112,82 @@ class CommThread:
         self.q.put(None)
 
 
+class AllReduceGrads:
+    """Plain data parallelism for a layered step: every process holds the full weights (gather and
+    release do nothing); a segment's final gradients are summed over the group (async all_reduce, or a
+    job on the emulated link) and divided by the group size in finish()."""
+
+    def __init__(self, world: int, comm: Optional[CommThread] = None, group=None):
+        self.world, self.comm, self.group = world, comm, group
+        self.works: list = []
+        self.pending: list[torch.Tensor] = []
+
+    def gather(self, params) -> None:
+        pass
+
+    def release(self, params) -> None:
+        pass
+
+    def reduce(self, params, done: Callable) -> None:
+        grads = [p.grad for p in params]
+        self.pending += grads
+        world, group = self.world, self.group
+        if self.comm is not None:
+            def run():
+                if world > 1:
+                    for g in grads:
+                        dist.all_reduce(g, group=group)
+            self.comm.submit(run, ring_factor("all_reduce", world) * nbytes(grads), done)
+        elif world > 1:
+            works = [dist.all_reduce(g, group=group, async_op=True) for g in grads]
+            torch.futures.collect_all([w.get_future() for w in works]).then(done)
+            self.works += works
+        else:
+            done()
+
+    def finish(self) -> None:
+        """Wait for every reduction; SUM -> mean over the group, as DDP does."""
+        if self.comm is not None:
+            self.comm.wait()
+        for w in self.works:
+            w.wait()
+        if self.world > 1:
+            for g in self.pending:
+                g.div_(self.world)
+        self.works, self.pending = [], []
+
+
+def segments(model) -> tuple[list[list[tuple[str, torch.nn.Parameter]]], bool]:
+    """The parameters each segment owns (0 = embedding, 1..L = the blocks, L+1 = ln_f and an untied
+    head), each parameter once; a tied head/embedding weight is owned by segment 0, its last user."""
+    L = len(model.blocks)
+    tied = model.lm_head.weight is model.transformer.wte.weight
+    seg_params: list[list[tuple[str, torch.nn.Parameter]]] = [[] for _ in range(L + 2)]
+    seen = set()
+    for n, p in model.named_parameters(remove_duplicate=False):   # the embedding first
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if n.startswith("transformer.wte") or n.startswith("transformer.wpe"):
+            seg_params[0].append((n, p))
+        elif n.startswith("transformer.h."):
+            seg_params[1 + int(n.split(".")[2])].append((n, p))
+        else:  # ln_f, untied lm_head
+            seg_params[L + 1].append((n, p))
+    assert sum(len(s) for s in seg_params) == len({id(p) for p in model.parameters()})
+    return seg_params, tied
+
+
+class _Sharded:
+    """`splits_model` of a LayeredAccumulation: its config's `shard` (sharded, the technique is an engine:
+    the trainer steps the shards it returns); False on the class, which stands for the unsharded default."""
+
+    def __get__(self, obj, cls=None) -> bool:
+        return False if obj is None else obj.cfg.shard
+
+
 @register
-class LayeredAccumulation(Technique):
+class LayeredAccumulation(Engine):
     name = "layered_accumulation"
     needs = "the language model's embedding, blocks and head, which it runs layer by layer"
 
@@ -110,6 +200,8 @@ class LayeredAccumulation(Technique):
         emulate_mbps: float = opt(0.0, "emulated network bandwidth in MB/s for the reductions "
                                         "(0 = real network, no emulation)", min=0.0)
         keep_trace: bool = opt(True, "record the event trace of the last step (self.trace)")
+        shard: bool = opt(False, "ZeRO-3 half of the paper's §4: shard the parameters over the processes, "
+                                 "gather each layer once per pass, reduce-scatter its gradient (several processes)")
 
     def __init__(self, cfg, run_cfg):
         super().__init__(cfg, run_cfg)
@@ -117,42 +209,41 @@ class LayeredAccumulation(Technique):
         self.reductions: list[str] = []                  # parameter names in launch order, last step
         self.exposed_comm = 0.0                           # s between end of backward and last reduce
         self._comm: Optional[CommThread] = None
+        self.sharded = None                               # zero_layered.ShardedParams when shard=true
+
+    splits_model = _Sharded()
+
+    def _link(self) -> Optional[CommThread]:
+        if self.cfg.emulate_mbps > 0 and self._comm is None:
+            self._comm = CommThread(self.cfg.emulate_mbps * 1e6)
+        return self._comm
 
     # ------------------------------------------------------------------ segments
     def setup(self, trainer) -> None:
+        self.trainer = trainer
         m = trainer.raw_model
+        self.seg_params, self.tied = segments(m)
         L = len(m.blocks)
-        tied = m.lm_head.weight is m.transformer.wte.weight
-        seg_params: list[list[tuple[str, torch.nn.Parameter]]] = [[] for _ in range(L + 2)]
-        seen = set()
-        # the embedding first, so a tied head weight is owned by segment 0 (its last user)
-        for n, p in m.named_parameters(remove_duplicate=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            if n.startswith("transformer.wte") or n.startswith("transformer.wpe"):
-                seg_params[0].append((n, p))
-            elif n.startswith("transformer.h."):
-                seg_params[1 + int(n.split(".")[2])].append((n, p))
-            else:  # ln_f, untied lm_head
-                seg_params[L + 1].append((n, p))
-        self.seg_params, self.tied = seg_params, tied
-        # every parameter owned by exactly one segment
-        assert sum(len(s) for s in seg_params) == len({id(p) for p in m.parameters()})
+        # the parameters each segment computes with: its own, and for the head a tied weight
+        self.seg_uses = [[p for _, p in ps] for ps in self.seg_params]
+        if self.tied:
+            self.seg_uses[L + 1].append(m.lm_head.weight)
 
     # ------------------------------------------------------------------ the step
     def run_step(self, trainer, batches, plans) -> list:
+        io = AllReduceGrads(trainer.accelerator.num_processes, self._link())
+        with trainer.accelerator.no_sync(trainer.model):
+            return self.layered_step(trainer, batches, plans, io)
+
+    def layered_step(self, trainer, batches, plans, io) -> list:
+        """The micro-batch losses of one step; each parameter's gradient final (and reduced by `io`)."""
         acc, model = trainer.accelerator, trainer.raw_model
-        world = acc.num_processes
         mbs = len(batches)
         L = len(model.blocks)
         t0 = time.perf_counter()
         self.trace, self.reductions = [], []
         rec = (lambda ev, s: self.trace.append((ev, s, time.perf_counter() - t0))) if self.cfg.keep_trace \
             else (lambda ev, s: None)
-        if self.cfg.emulate_mbps > 0 and self._comm is None:
-            self._comm = CommThread(self.cfg.emulate_mbps * 1e6, world)
-        handles = []
 
         def reduce_segment(s: int):
             """Launch the reduction of segment s's (final) gradients: exactly once per parameter."""
@@ -161,15 +252,7 @@ class LayeredAccumulation(Technique):
                 return
             self.reductions += [n for n, _ in ps]
             rec("reduce_launch", s)
-            done = lambda *_: rec("reduce_done", s)  # noqa: E731  (list.append is thread-safe)
-            if self._comm is not None:
-                self._comm.submit([p.grad for _, p in ps], done)
-            elif world > 1:
-                works = [dist.all_reduce(p.grad, async_op=True) for _, p in ps]
-                torch.futures.collect_all([w.get_future() for w in works]).then(done)
-                handles.extend(works)
-            else:
-                done()
+            io.reduce([p for _, p in ps], lambda *_: rec("reduce_done", s))  # (list.append is thread-safe)
 
         inputs = [[None] * (L + 2) for _ in range(mbs)]   # detached input of segment s, micro-batch i
         outputs = [[None] * (L + 2) for _ in range(mbs)]  # its output (loss for the head)
@@ -233,44 +316,86 @@ class LayeredAccumulation(Technique):
             if s + 1 <= L + 1:
                 inputs[i][s + 1] = None
 
-        segs = range(L + 2)
-        with acc.no_sync(trainer.model):
-            if self.cfg.order == "layered":
-                for s in segs:
-                    for i in range(mbs):
-                        fwd(s, i)
-                rec("bwd_start", -1)
-                for s in reversed(segs):
-                    for i in range(mbs):
-                        bwd(s, i)
-                    rec("bwd_done", s)
-                    reduce_segment(s)     # every micro-batch has contributed: final now
-            else:  # standard: micro-batch major; a layer is final during the last micro-batch
-                for i in range(mbs):
-                    for s in segs:
-                        fwd(s, i)
-                    if i == mbs - 1:
-                        rec("bwd_start", -1)   # the only backward that can hide communication
-                    for s in reversed(segs):
-                        bwd(s, i)
-                        if i == mbs - 1:
-                            rec("bwd_done", s)
-                            reduce_segment(s)
-            t_bwd_end = time.perf_counter()
-            if self._comm is not None:
-                self._comm.wait()
-            for w in handles:
-                w.wait()
-        self.exposed_comm = time.perf_counter() - t_bwd_end
-        if world > 1:
+        segs, uses = range(L + 2), self.seg_uses
+        if self.cfg.order == "layered":
             for s in segs:
-                for _, p in self.seg_params[s]:
-                    if p.grad is not None:
-                        p.grad.div_(world)   # SUM -> mean over data-parallel ranks, as DDP does
+                io.gather(uses[s])          # sharded: once for the forward of all micro-batches
+                for i in range(mbs):
+                    fwd(s, i)
+                io.release(uses[s])
+            rec("bwd_start", -1)
+            for s in reversed(segs):
+                io.gather(uses[s])          # and once for their backward
+                for i in range(mbs):
+                    bwd(s, i)
+                io.release(uses[s])
+                rec("bwd_done", s)
+                reduce_segment(s)     # every micro-batch has contributed: final now
+        else:  # standard: micro-batch major; a layer is final during the last micro-batch
+            for i in range(mbs):
+                for s in segs:
+                    io.gather(uses[s])      # sharded: 2 m gathers per segment
+                    fwd(s, i)
+                    io.release(uses[s])
+                if i == mbs - 1:
+                    rec("bwd_start", -1)   # the only backward that can hide communication
+                for s in reversed(segs):
+                    io.gather(uses[s])
+                    bwd(s, i)
+                    io.release(uses[s])
+                    if i == mbs - 1:
+                        rec("bwd_done", s)
+                        reduce_segment(s)
+        t_bwd_end = time.perf_counter()
+        io.finish()
+        self.exposed_comm = time.perf_counter() - t_bwd_end
         return losses
 
+    # ------------------------------------------------------------------ sharded: the engine interface
+    def build(self, model, accelerator) -> None:
+        from .zero_layered import ShardedParams
+        world = accelerator.num_processes
+        if world == 1:
+            raise ConfigError("layered_accumulation.shard=true shards the weights over data-parallel processes: "
+                              "run it under torchrun --nproc_per_node N (N >= 2), or set shard=false")
+        self.dp_world, self.dp_rank, self.device = world, accelerator.process_index, accelerator.device
+        seg_params, _ = segments(model)
+        self.sharded = ShardedParams([p for ps in seg_params for _, p in ps], world, self.dp_rank,
+                                     dist.new_group(list(range(world))), self._link())
+        # Engine.clip_grad_norm_: one part per process (its shards), combined into the global norm
+        self.model, self.n_parts, self.counted = model, world, [self.dp_rank]
+        self.part = {id(s): self.dp_rank for s in self.sharded.shards}
+
+    def parameters(self):
+        return self.sharded.shards
+
+    def forward_backward(self, batches: list) -> list:
+        plans = [Plan.full(len(self.trainer.raw_model.blocks)) for _ in batches]
+        self.sharded.start_step()
+        losses = self.layered_step(self.trainer, batches, plans, self.sharded)
+        v = torch.stack(losses).float()
+        dist.all_reduce(v)   # the same numbers on every process (the trainer averages them)
+        return list(v / self.dp_world)
+
+    def sync_replica(self) -> None:
+        self.sharded.gather_all()
+
+    def load_rank_state(self, d: dict) -> None:
+        self.sharded.reshard()   # the trainer has just loaded the full weights: take this process's rows
+
+    def state_dict(self) -> dict:
+        return dict(shard=self.cfg.shard)
+
+    def load_state_dict(self, d: dict) -> None:
+        if d.get("shard", False) != self.cfg.shard:
+            raise ConfigError(f"the checkpoint was trained with layered_accumulation.shard={d.get('shard', False)}; "
+                              "resume it with the same setting (the optimizer state is split differently)")
+
     def metrics(self, state) -> dict:
-        return dict(exposed_comm_s=round(self.exposed_comm, 5))
+        out = dict(exposed_comm_s=round(self.exposed_comm, 5))
+        if self.sharded is not None:
+            out.update({f"{k}_mb": round(v / 1e6, 4) for k, v in self.sharded.volume.items()})
+        return out
 
     def __del__(self):
         if self._comm is not None:
