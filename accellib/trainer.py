@@ -194,7 +194,9 @@ class Trainer:
 
     def plan(self, step: int, micro_step: int) -> Plan:
         """The plan of one micro-batch: the full model, then each technique fills its part.
-        Same on every rank (techniques draw from (seed, step, micro_step))."""
+        Techniques draw from (seed, step, micro_step), so a resumed run draws what the uninterrupted run
+        would have; the gates of PLD/SBLD are the same on every rank, random-LTD's token subsets are drawn
+        per rank unless random_ltd.draws=shared."""
         p = Plan.full(self.task.n_blocks)
         for tech in self.techniques:
             tech.update_plan(p, step, micro_step)
