@@ -394,7 +394,7 @@ class LayeredAccumulation(Engine):
     def metrics(self, state) -> dict:
         out = dict(exposed_comm_s=round(self.exposed_comm, 5))
         if self.sharded is not None:
-            out.update({f"{k}_mb": round(v / 1e6, 4) for k, v in self.sharded.volume.items()})
+            out.update({f"{k}_mb": round(v / 1e6, 6) for k, v in self.sharded.volume.items()})   # to the byte
         return out
 
     def __del__(self):

@@ -10,6 +10,11 @@ an action starts at max(device free, its dependencies done):
 The bubble fraction is  rho = makespan / (work per device) - 1,  work = v*m*(t_f + t_b); the
 closed forms it is checked against (tests/test_planner.py) are in accellib.planner.bubble.
 
+`simulate_dp` adds each stage's data-parallel gradient reduction on its device's serial link, launched
+right after the stage's last backward (pipeline.reduce=per_stage: layered accumulation inside the
+pipeline, Lamy-Poirier 2021 §4-§5) or after the device's whole schedule (after_step), for the step time
+and the exposed communication that benchmarks/lga_pipeline.py measures.
+
 `ouroboros_timeline` models the per-process program of Ouroboros (Yang et al., NeurIPS 2019, arXiv
 1909.06695; accellib/parallel/ouroboros.py) with the same task rules, iteration by iteration, and
 `ouroboros_step_time` is its steady-state iteration time (tests/test_ouroboros_timeline.py).
@@ -23,7 +28,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs")
 
 @dataclass
 class Task:
-    kind: str      # "F" or "B"
+    kind: str      # "F", "B", or "R" (a stage's data-parallel gradient reduction, simulate_dp; mb = -1)
     stage: int
     mb: int
     device: int
@@ -100,6 +105,43 @@ def simulate(schedule: str, P: int, v: int, m: int, t_f: float = 1.0, t_b: float
     return out
 
 
+def simulate_dp(schedule: str, P: int, v: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
+                t_red=0.0, reduce: str = "per_stage") -> list[Task]:
+    """`simulate` plus one reduction task ("R", stage, -1) per stage on its device's link, one reduction at
+    a time: per_stage starts stage s's when its last backward has ended and the link is free (stages in
+    the order they finish); after_step queues them all behind the device's last compute task. t_red: the
+    reduction time of every stage, or a list with one per stage. The step ends with the last task
+    (`step_time`); compute never waits for the link."""
+    if reduce not in ("per_stage", "after_step"):
+        raise ValueError(f"reduce must be per_stage or after_step, got {reduce!r}")
+    tasks = simulate(schedule, P, v, m, t_f, t_b)
+    t_red = list(t_red) if isinstance(t_red, (list, tuple)) else [t_red] * (P * v)
+    out = list(tasks)
+    for d in range(P):
+        mine = [t for t in tasks if t.device == d]
+        end = max(t.end for t in mine)
+        final = {}   # stage -> end of its last backward on this device
+        for t in mine:
+            if t.kind == "B":
+                final[t.stage] = max(final.get(t.stage, 0.0), t.end)
+        link = 0.0
+        for st in sorted(final, key=final.get):
+            start = max(link, final[st] if reduce == "per_stage" else end)
+            link = start + t_red[st]
+            out.append(Task("R", st, -1, d, start, link))
+    return out
+
+
+def step_time(tasks: list[Task]) -> float:
+    return max(t.end for t in tasks)
+
+
+def exposed_comm(tasks: list[Task], device: int) -> float:
+    """Time the device's link is still busy after its last forward/backward."""
+    comp = max(t.end for t in tasks if t.device == device and t.kind != "R")
+    return max([0.0] + [t.end - comp for t in tasks if t.device == device and t.kind == "R"])
+
+
 def bubble_fraction(tasks: list[Task], P: int, v: int, m: int, t_f: float = 1.0, t_b: float = 2.0) -> float:
     # rho = makespan / (v m (t_f + t_b)) - 1
     return max(t.end for t in tasks) / (v * m * (t_f + t_b)) - 1.0
@@ -116,6 +158,10 @@ def gantt(tasks: list[Task], P: int, ax=None, title: str = "", color_by: str = "
     cmap = plt.get_cmap("tab10")
     for t in tasks:
         c = cmap((t.stage if color_by == "stage" else t.stage // P) % 10)
+        if t.kind == "R":   # the link: a thin hatched bar under the device's row
+            ax.barh(t.device + 0.42, t.end - t.start, left=t.start, height=0.16, color=c, hatch="//",
+                    edgecolor="k", linewidth=0.4)
+            continue
         ax.barh(t.device, t.end - t.start, left=t.start, color=c, alpha=0.45 if t.kind == "F" else 0.95,
                 edgecolor="k", linewidth=0.4)
         ax.text((t.start + t.end) / 2, t.device, f"{t.kind}{t.mb}", ha="center", va="center", fontsize=6)
