@@ -45,7 +45,7 @@ from accellib.parallel.engine import Stage, time_on_processes  # noqa: E402
 from accellib.parallel.layered_accumulation import ring_factor  # noqa: E402
 from accellib.parallel.pipeline import split_layers  # noqa: E402
 from accellib.parallel.simulate import exposed_comm, simulate_dp, step_time  # noqa: E402
-from accellib.parallel.zero_layered import closed_form_volume  # noqa: E402
+from accellib.parallel.zero_layered import closed_form_volume, layer_params  # noqa: E402
 from accellib.records import table, write_json  # noqa: E402
 
 P, DP, V, M, N_LAYER = 2, 2, 4, 4, 8
@@ -84,7 +84,8 @@ def predict(schedule: str, reduce: str, t_f: float, t_red: list[float]) -> dict:
     return dict(sim=step_time(tasks), closed=closed, exposed=max(exposed_comm(tasks, d) for d in range(P)))
 
 
-def step_bench(t_f: float, mbps: float, reps: int, steps: int, arms, overhead: bool = True) -> list[dict]:
+def step_jobs(t_f: float, mbps: float, reps: int, steps: int, arms, overhead: bool = True):
+    """Trainer overrides of every pipeline run, interleaved (A, B, C, A, B, C, ...), and their keys."""
     base = {"data.path": str(ROOT / "data" / "shakespeare"), **MODEL, "train.batch_size": M, "train.steps": steps,
             "train.progress": False, "train.log_every": steps, "pipeline.n_microbatches": M, "pipeline.dp": DP,
             "pipeline.stages_per_rank": V}
@@ -97,7 +98,10 @@ def step_bench(t_f: float, mbps: float, reps: int, steps: int, arms, overhead: b
                                    "pipeline.emulate_mbps": mbps if costed else 0.0})
                 jobs.append([f"--{k}={v}" for k, v in kw.items()])
                 keys.append((sched, red, costed))
-    res = time_on_processes(jobs, P * DP, timeout_s=900)
+    return jobs, keys
+
+
+def step_rows(res: list, keys: list, t_f: float, mbps: float, arms, overhead: bool) -> list[dict]:
     link = [ring_factor("all_reduce", DP) * b / (mbps * 1e6) for b in stage_bytes()]
     rows = []
     for sched, red in arms:
@@ -107,7 +111,7 @@ def step_bench(t_f: float, mbps: float, reps: int, steps: int, arms, overhead: b
             vals = []
             for r, key in zip(res, keys):
                 if key == (sched, red, costed):
-                    for k in range(1, steps):
+                    for k in range(1, len(r["times"][0])):
                         vals.append(max(t[k] for t in r["times"]) if field == "time"
                                     else max(mr[k]["exposed_comm_s"] for mr in r["metrics"]))
             return statistics.median(vals)
@@ -123,22 +127,24 @@ def step_bench(t_f: float, mbps: float, reps: int, steps: int, arms, overhead: b
     return rows
 
 
-def zero_volume(steps: int = 2) -> list[dict]:
-    """Sharded layered accumulation over the 4 processes (n = 4): bytes per process per step, counted vs closed form."""
-    n, extra = P * DP, {"model.vocab_size": 260}   # every dimension divisible by 4: no padded shard
-    base = {"data.path": str(ROOT / "data" / "shakespeare"), **MODEL, **extra, "train.batch_size": 1,
+ZERO = {"model.vocab_size": 260}   # every dimension divisible by the 4 processes: no padded shard
+ORDERS = ("layered", "standard")
+
+
+def zero_jobs(steps: int) -> list:
+    """Sharded layered accumulation over the 4 processes (n = 4), in layered and in standard order."""
+    base = {"data.path": str(ROOT / "data" / "shakespeare"), **MODEL, **ZERO, "train.batch_size": 1,
             "train.grad_accum": M, "train.steps": steps, "train.progress": False, "train.log_every": steps,
             "layered_accumulation.enabled": True, "layered_accumulation.shard": True}
-    orders = ("layered", "standard")
-    res = time_on_processes([[f"--{k}={v}" for k, v in dict(base, **{"layered_accumulation.order": o}).items()]
-                             for o in orders], n, timeout_s=600)
-    model = _model(**extra)
-    size = lambda mods: sum(p.numel() for mod in mods for p in mod.parameters())   # noqa: E731
-    layers = [size([model.transformer.wte, model.transformer.wpe])] + [size([b]) for b in model.blocks] + \
-        [size([model.transformer.ln_f, model.lm_head])]
-    n_params = sum(p.numel() for p in model.parameters())
+    return [[f"--{k}={v}" for k, v in dict(base, **{"layered_accumulation.order": o}).items()] for o in ORDERS]
+
+
+def zero_rows(res: list) -> list[dict]:
+    """Bytes each process sent in the last step (counted by the engine) vs closed_form_volume."""
+    n = P * DP
+    layers, n_params = layer_params(_model(**ZERO))
     rows = []
-    for o, r in zip(orders, res):
+    for o, r in zip(ORDERS, res):
         want = closed_form_volume(layers, n_params, n, M, o == "layered", beta=4)
         got = [mr[-1] for mr in r["metrics"]]   # every process, last step
         rows.append(dict(order=o, processes=n, m=M, params=n_params,
@@ -159,12 +165,11 @@ def main():
     # finishes (P x 2 t_f) and breadth-first's (m x 2 t_f), so the two orders hide different amounts
     t_f = 0.004 if a.quick else 0.04
     mbps = round(max(stage_bytes()[1:-1]) / (6 * t_f) / 1e6, 3)
-    if a.quick:
-        rows = step_bench(t_f, mbps, reps=1, steps=2, arms=ARMS[:2], overhead=False)
-        vol = zero_volume(steps=1)
-    else:
-        rows = step_bench(t_f, mbps, reps=3, steps=4, arms=ARMS)
-        vol = zero_volume()
+    arms, overhead = (ARMS[:2], False) if a.quick else (ARMS, True)
+    jobs, keys = step_jobs(t_f, mbps, reps=1 if a.quick else 3, steps=2 if a.quick else 4, arms=arms, overhead=overhead)
+    res = time_on_processes(jobs + zero_jobs(1 if a.quick else 2), P * DP, timeout_s=900)   # one launch
+    rows = step_rows(res[:len(jobs)], keys, t_f, mbps, arms, overhead)
+    vol = zero_rows(res[len(jobs):])
     print(f"layered accumulation in the pipeline: {DP} x {P} gloo processes, v={V}, m={M}, {t_f * 1e3:g} ms "
           f"per block forward, emulated link {mbps} MB/s; ms, medians")
     print(table(rows))

@@ -8,7 +8,7 @@ import torch
 
 from accellib.config import ConfigError, load_config
 from accellib.launch import launch_processes
-from accellib.parallel.zero_layered import closed_form_volume
+from accellib.parallel.zero_layered import closed_form_volume, layer_params
 from accellib.records import TIMING_FIELDS, read_metrics
 from accellib.trainer import Trainer
 from conftest import tiny_overrides
@@ -17,7 +17,9 @@ M = 3   # micro-batches per step
 ARMS = {"plain": {}, "lga": {"layered_accumulation.enabled": True},
         "zero": {"layered_accumulation.enabled": True, "layered_accumulation.shard": True},
         "zero_standard": {"layered_accumulation.enabled": True, "layered_accumulation.shard": True,
-                          "layered_accumulation.order": "standard"}}
+                          "layered_accumulation.order": "standard"},
+        "zero_link": {"layered_accumulation.enabled": True, "layered_accumulation.shard": True,   # the emulated
+                      "layered_accumulation.emulate_mbps": 500.0}}                               # link's thread
 
 
 def _overrides(data_dir, tie: bool, **kw):
@@ -51,7 +53,10 @@ def _arms(data_dir, tie):
         rec = dict(grads=grads)
         if tr.engine is not None:
             sh = tr.engine.sharded
-            rec.update(volume=dict(sh.volume), gathers={names[id(p)]: sh.gathers[id(p)] for p in sh.params})
+            rec.update(volume=dict(sh.volume), gathers={names[id(p)]: sh.gathers[id(p)] for p in sh.params},
+                       # full weights alive between steps, bytes (all released: only the shards remain)
+                       alive=sum(p.untyped_storage().nbytes() for p in tr.raw_model.parameters()),
+                       shard_bytes=sum(s.numel() * s.element_size() for s in sh.shards))
             tr.engine.sync_replica()
         rec["weights"] = {n: p.detach().clone() for n, p in tr.raw_model.named_parameters()}
         out[arm] = rec
@@ -101,26 +106,23 @@ def test_sharded_gradients_weights_and_traffic(tiny_data_dir, runs, tie):
     plain = r[0]["plain"]
     assert len(plain["grads"]) > 10
     for k in (0, 1):
-        for arm in ("lga", "zero", "zero_standard"):
+        for arm in ("lga", "zero", "zero_standard", "zero_link"):
             assert r[k][arm]["weights"].keys() == plain["weights"].keys()
             for n, w in plain["weights"].items():   # the full replica after two AdamW steps
                 assert torch.equal(r[k][arm]["weights"][n], w), (arm, n)
         for n, g in plain["grads"].items():
             assert torch.equal(r[k]["lga"]["grads"][n], g), n
-    for arm in ("zero", "zero_standard"):
+    for arm in ("zero", "zero_standard", "zero_link"):
         for n, g in plain["grads"].items():   # rank k holds rows [k rows/2, (k+1) rows/2) of each gradient
             assert torch.equal(torch.cat([r[0][arm]["grads"][n], r[1][arm]["grads"][n]]), g), (arm, n)
     # traffic per step against the closed form, from the plain model's shapes
-    model = Trainer(load_config(None, _overrides(tiny_data_dir, tie))).raw_model
-    size = lambda mods: sum(p.numel() for m in mods for p in m.parameters())   # noqa: E731
-    layers = [size([model.transformer.wte, model.transformer.wpe])] + [size([b]) for b in model.blocks] + \
-        [size([model.transformer.ln_f, model.lm_head])]   # the head counts a tied matrix again
-    n_params = sum(p.numel() for p in model.parameters())
+    layers, n_params = layer_params(Trainer(load_config(None, _overrides(tiny_data_dir, tie))).raw_model)
     assert (sum(layers) > n_params) == tie
-    for arm, layered in (("zero", True), ("zero_standard", False)):
+    for arm, layered in (("zero", True), ("zero_standard", False), ("zero_link", True)):
         want = closed_form_volume(layers, n_params, 2, M, layered, beta=4)
         for k in (0, 1):
             assert r[k][arm]["volume"] == want, (arm, r[k][arm]["volume"], want)
+            assert r[k][arm]["alive"] == 0 and r[k][arm]["shard_bytes"] * 2 == 4 * n_params
             per = 2 if layered else 2 * M
             tied = "transformer.wte.weight"
             assert all(c == (2 * per if tie and n == tied else per) for n, c in r[k][arm]["gathers"].items())

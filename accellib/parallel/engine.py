@@ -1,6 +1,7 @@
 """The engine interface: how the one trainer runs a step whose model is split across processes.
 
-An engine is a technique (a config section, e.g. `pipeline:` or `ouroboros:`) that owns
+An engine is a technique (a config section, e.g. `pipeline:`, `ouroboros:`, or `layered_accumulation:` with
+`shard: true`, whose processes each step a shard of every parameter) that owns
   * the process groups and which stage of the model lives on which process,
   * the forward/backward schedule of a step (`forward_backward`),
   * which parameters this process steps (`parameters`: the trainer builds AdamW over them only),

@@ -51,6 +51,14 @@ def closed_form_volume(layer_params: list[int], n_params: int, n: int, m: int, l
                 reduce_scatter=(n - 1) / n * beta * n_params)
 
 
+def layer_params(model) -> tuple[list[int], int]:
+    """(|W_l| of each layer of a Transformer: embedding, blocks, head with a tied matrix counted again; |W|)."""
+    size = lambda mods: sum(p.numel() for mod in mods for p in mod.parameters())   # noqa: E731
+    t = model.transformer
+    return ([size([t.wte, t.wpe])] + [size([b]) for b in model.blocks] + [size([t.ln_f, model.lm_head])],
+            sum(p.numel() for p in model.parameters()))
+
+
 class ShardedParams:
     """The data-parallel side of a sharded layered step: gather / release / reduce / finish, the calls
     LayeredAccumulation.layered_step makes (AllReduceGrads is the unsharded one)."""
