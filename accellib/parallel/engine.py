@@ -20,7 +20,9 @@ trainer evaluates and checkpoints that replica exactly as for a plain run, so a 
 engine loads into the plain model. The replica is refreshed from the stages' owners before each
 evaluation and save (`sync_replica`), a broadcast of the weights; between those it is stale on
 the processes that do not own a stage. At full scale this costs a model's worth of memory per
-process; an engine that must not pay it would evaluate through its stages instead.
+process; an engine that must not pay it would evaluate through its stages instead. The sharded
+layered accumulation (accellib/parallel/zero_layered.py) does not pay it between steps: it frees each
+layer's full weights after use and gathers the whole replica only for evaluation and saving.
 """
 from __future__ import annotations
 
