@@ -15,7 +15,7 @@ import torch
 PACKAGES = ("torch", "accelerate", "numpy", "matplotlib", "tokenizers")
 # the fields of a metrics.jsonl record that measure the machine, not the training: they differ between
 # two runs of the same config (and between a run and its resumed copy); everything else is reproducible
-TIMING_FIELDS = ("wall", "tok_per_s", "mfu", "peak_mem_gb")
+TIMING_FIELDS = ("wall", "tok_per_s", "mfu", "peak_mem_gb", "exposed_comm_s")
 
 
 def git_commit() -> str | None:
