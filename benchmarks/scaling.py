@@ -2,6 +2,7 @@
 the model grows toward the papers' regime, and where would it start to pay off?
 
     python benchmarks/scaling.py                 # the whole sweep, 2 processes -> results/scaling_trend.json
+    python benchmarks/scaling.py --widths 64,128 # a sub-grid (the record says which sizes it holds)
     python benchmarks/scaling.py --quick         # smoke run: 2 sizes, 1 seed, 20 steps; writes nothing to results/
 
 The grid: depth {4, 6, 12} x width {64, 128, 192} (heads of 16 dimensions), on configs/tutorial.yaml's base
@@ -65,8 +66,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2, help="compare processes at once (one core each)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 sizes, 1 seed, 20 steps; nothing written to results/")
+    ap.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="comma-separated n_layer values")
+    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated d_model values")
     args = ap.parse_args()
-    sizes = [(4, 64), (4, 192)] if args.quick else [(L, d) for L in DEPTHS for d in WIDTHS]
+    grid = [(int(L), int(d)) for L in args.depths.split(",") for d in args.widths.split(",")]
+    sizes = [(4, 64), (4, 192)] if args.quick else grid
     seeds = 1 if args.quick else SEEDS
     extra = ["--train.steps=20", "--train.eval_every=10", "--optim.warmup_steps=4"] if args.quick else \
         ["--train.eval_every=50", "--train.batch_size=16"]
@@ -99,7 +103,7 @@ def main() -> int:
     print(f"scaling sweep: {len(sizes)} sizes x {len(ARMS)} arms x {seeds} seeds in {wall:.0f} s with {args.jobs} jobs")
     if not args.quick:
         write_json(ROOT / "results" / "scaling_trend.json",
-                   dict(name="scaling_trend", command="python benchmarks/scaling.py", config=CONFIG.name,
+                   dict(name="scaling_trend", command="python benchmarks/scaling.py " + " ".join(sys.argv[1:]), config=CONFIG.name,
                         sizes=sizes, arms=list(ARMS), seeds=seeds, head_dim=HEAD_DIM,
                         lr_rule=f"{BASE_LR} * {BASE_WIDTH} / d_model", extra=extra, wall_seconds=wall,
                         jobs=args.jobs, environment=environment(), cells=cells))
