@@ -184,5 +184,6 @@ def test_plans_are_what_shortest_time_chooses_from():
 
 
 def test_no_fit_is_a_clear_error():
-    with pytest.raises(ValueError, match="no configuration"):
+    with pytest.raises(P.PlannerError, match="no configuration") as e:
         P.shortest_time(1e12, "baseline", P.Cluster(memory=1e9))
+    assert "\n" not in str(e.value)                      # a ConfigError subclass, printed as one line
