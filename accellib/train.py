@@ -102,9 +102,16 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
                           f"switch techniques on or off (now {cfg.enabled() or 'none'}); start a new run with --out")
     from .techniques import REGISTRY
     for name in stored.enabled():
-        if getattr(REGISTRY[name], "splits_model", False) and cfg.to_dict()[name] != stored.to_dict()[name]:
-            raise ConfigError(f"--{name}.* overrides change how the run in {run_dir} is split across processes; "
-                              f"resume it with its own {name} settings, or start a new run with --out")
+        # an engine's settings are all fixed; a technique that becomes one under a setting names it
+        # (resume_fixed, e.g. layered_accumulation.shard)
+        cls, new, old = REGISTRY[name], cfg.to_dict()[name], stored.to_dict()[name]
+        fixed = list(new) if getattr(cls, "splits_model", False) else getattr(cls, "resume_fixed", ())
+        changed = [k for k in fixed if new.get(k) != old.get(k)]
+        if changed:
+            k, show = changed[0], lambda v: str(v).lower() if isinstance(v, bool) else v   # noqa: E731  (as typed)
+            raise ConfigError(f"--{name}.{k}={show(new.get(k))} changes how the run in {run_dir} is split across "
+                              f"processes (it was trained with {name}.{k}={show(old.get(k))}); resume it with its "
+                              "own setting, or start a new run with --out")
     return cfg
 
 

@@ -143,3 +143,18 @@ def test_sharding_needs_several_processes(tiny_data_dir):
     with pytest.raises(ConfigError, match="shard=true shards the weights") as e:
         Trainer(load_config(None, tiny_overrides(tiny_data_dir, **ARMS["zero"])))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("stored,now", [(True, False), (False, True)])
+def test_resume_refuses_to_switch_sharding(tiny_data_dir, tmp_path, stored, now):
+    """The checkpoint's optimizer state is the shards' (or the full model's): a resume that flips
+    layered_accumulation.shard is refused before loading anything, in one line naming the setting."""
+    import yaml
+    from accellib.train import resume_config
+    over = tiny_overrides(tiny_data_dir, **{**ARMS["zero"], "layered_accumulation.shard": stored})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(load_config(None, over).to_dict(), sort_keys=False))
+    with pytest.raises(ConfigError, match=f"--layered_accumulation.shard={str(now).lower()} changes how the run .* "
+                                          f"trained with layered_accumulation.shard={str(stored).lower()}") as e:
+        resume_config(tmp_path, [f"--layered_accumulation.shard={now}"])
+    assert "\n" not in str(e.value)
+    resume_config(tmp_path, [f"--layered_accumulation.shard={stored}", "--layered_accumulation.emulate_mbps=5"])

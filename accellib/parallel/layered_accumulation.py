@@ -212,6 +212,7 @@ class LayeredAccumulation(Engine):
         self.sharded = None                               # zero_layered.ShardedParams when shard=true
 
     splits_model = _Sharded()
+    resume_fixed = ("shard",)   # train.resume_config: the checkpoint's optimizer state is split (or not) by it
 
     def _link(self) -> Optional[CommThread]:
         if self.cfg.emulate_mbps > 0 and self._comm is None:
