@@ -44,7 +44,9 @@ def paired_gaps(res: dict) -> dict[str, list[dict]]:
 
 def fit_log_trend(rows: list[dict]) -> dict:
     """Least-squares gap = a + b log10(N) over every (size, seed) point; the slope's standard error; the
-    zero crossing N* = 10^(-a/b) (None when b = 0)."""
+    zero crossing N* = 10^(-a/b) (None when b = 0) and where it lies: "ahead" (above the largest N measured:
+    the trend says the sign flips at a larger model), "inside" the measured range, or "behind" (below the
+    smallest N: as N grows the line moves away from zero)."""
     xs = [math.log10(r["params"]) for r in rows for _ in r["gaps"]]
     ys = [g for r in rows for g in r["gaps"]]
     n = len(xs)
@@ -57,9 +59,11 @@ def fit_log_trend(rows: list[dict]) -> dict:
     resid = [y - (a + b * x) for x, y in zip(xs, ys)]
     s2 = sum(e * e for e in resid) / (n - 2)
     ss_tot = sum((y - my) ** 2 for y in ys)
+    cross = -a / b if b != 0 else None   # log10 N*
+    where = None if cross is None else "ahead" if cross > max(xs) else "behind" if cross < min(xs) else "inside"
     return dict(intercept=a, slope=b, slope_se=math.sqrt(s2 / sxx), n_points=n,
                 r2=1 - sum(e * e for e in resid) / ss_tot if ss_tot > 0 else 1.0,
-                crossover_params=10 ** (-a / b) if b != 0 else None)
+                crossover_params=10 ** cross if cross is not None and cross < 300 else None, crossover=where)
 
 
 def trend_table(res: dict) -> list[dict]:

@@ -10,7 +10,10 @@ and arms (baseline, pld, sbld, random_ltd, multilevel), every arm at the baselin
 (`compare --budget flops`, schedules stretched to each arm's horizon), 3 seeds. Depth 4 is the shallowest
 every arm accepts: random-LTD needs a middle block and the
 V-cycle merges pairs of blocks. Every size trains the tutorial's 300 steps and schedules on batches of 16
-(not 32) windows of 64 tokens, so that the sweep fits in about 1.5 hours on 2 cores; eval every 50 steps.
+(not 32) windows of 64 tokens; eval every 50 steps. Cost: the two-width grid (--widths 64,128) is 90 runs and
+1.34 core-hours of training (timed on a busy 2-core machine); width 192 adds about 1.5x that (step times
+measured alone at batch 32: 1.6 s for the three width-192 sizes against 1.1 s for the six others).
+The record's wall_seconds is the last invocation's: a resumed sweep counts only what it trained.
 
 Learning rate: the tutorial's 7e-3 was tuned at d = 64 (notebook 00). Wider models get 7e-3 x 64 / d, the
 1/width rule of muP for Adam's hidden-layer updates (Yang et al. 2022, "Tensor Programs V", Table 3); it is

@@ -61,3 +61,25 @@ def test_gpu_check_sh_without_cuda_stops_in_one_line():
     assert p.returncode == 1
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "no CUDA GPU is visible" in p.stderr
     assert p.stdout == ""
+
+
+def test_scaling_grid_every_size_and_arm_is_a_valid_config():
+    """benchmarks/scaling.py's full grid: each (depth, width) x arm validates with its overrides, and the
+    heads keep 16 dimensions (depth 3 would fail here: the V-cycle merges pairs of blocks)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import scaling
+    from accellib.compare import arm_configs, check_data
+    from accellib.config import validate
+    from accellib.techniques import build_techniques
+    from accellib.techniques.vcycle import plan_stages
+    for L in scaling.DEPTHS:
+        for d in scaling.WIDTHS:
+            cfgs = arm_configs(scaling.CONFIG, list(scaling.ARMS), scaling.size_overrides(L, d))
+            check_data(cfgs)
+            for cfg in cfgs.values():
+                validate(cfg)
+                build_techniques(cfg)                 # e.g. random-LTD needs a middle block
+                if cfg.techniques["multilevel"].enabled:
+                    plan_stages(cfg)                  # the V-cycle merges pairs of blocks and of heads
+                assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.head_dim) == (L, d, scaling.HEAD_DIM)
+                assert cfg.optim.lr == pytest.approx(scaling.BASE_LR * scaling.BASE_WIDTH / d, rel=1e-5)

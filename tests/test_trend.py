@@ -31,7 +31,7 @@ def test_exact_line_is_recovered_with_its_crossover():
     (row,) = trend_table(res)
     assert row["arm"] == "pld" and row["n_points"] == 9
     assert row["slope"] == pytest.approx(-0.05, abs=1e-12) and row["intercept"] == pytest.approx(0.3, abs=1e-11)
-    assert row["crossover_params"] == pytest.approx(1e6, rel=1e-9)
+    assert row["crossover_params"] == pytest.approx(1e6, rel=1e-9) and row["crossover"] == "inside"
     assert row["slope_se"] > 0 and 0 < row["r2"] < 1
 
 
@@ -46,3 +46,16 @@ def test_flat_trend_has_no_crossover_and_one_size_is_refused():
     assert fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.02 * (i - 1)))["pld"])["crossover_params"] is None
     with pytest.raises(ValueError, match="2 sizes"):
         fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.1, sizes=((4, 64),)))["pld"])
+
+
+def test_crossover_is_placed_relative_to_the_measured_sizes():
+    n_small, n_large = non_embedding_params(4, 64), non_embedding_params(12, 192)
+    mid = math.sqrt(n_small * n_large)
+    # a positive gap growing with N crossed zero below the smallest model: behind, the line moves away from 0
+    assert fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.01 * math.log10(n)))["pld"])["crossover"] == "behind"
+    # a shrinking positive gap crosses zero beyond the largest model: ahead
+    ahead = fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.05 * math.log10(1e9 / n)))["pld"])
+    assert ahead["crossover"] == "ahead" and ahead["crossover_params"] == pytest.approx(1e9, rel=1e-9)
+    # a line through zero at the geometric middle of the sizes crosses inside the range
+    inside = fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.05 * math.log10(n / mid)))["pld"])
+    assert inside["crossover"] == "inside" and inside["crossover_params"] == pytest.approx(mid, rel=1e-9)
