@@ -291,9 +291,7 @@ class LayeredAccumulation(Engine):
             AccumulateGrad does (first: set, then in-place add), so the sums are bitwise equal."""
             out, h = outputs[i][s], inputs[i][s]
             g_out = None if s == L + 1 else inputs[i][s + 1].grad
-            params = [p for _, p in self.seg_params[s]]
-            if s == L + 1 and self.tied:
-                params = params + [model.lm_head.weight]
+            params = self.seg_uses[s]   # its own and, for the head, a tied weight
             wrt = ([h] if h is not None else []) + params
             if out is h:  # skipped block: identity, gradient passes through
                 h.grad = g_out
