@@ -116,13 +116,19 @@ class Plan(Step):
         return self.n_gpu * self.days
 
 
+def _is_improved(method: str) -> bool:
+    if method not in ("baseline", "improved"):
+        raise PlannerError(f"method must be 'baseline' or 'improved', got {method!r}")
+    return method == "improved"
+
+
 def step_time(n_params: float, method: str, n_d: int, n_p: int, n_t: int, b: int, m: int,
               cl: Cluster, zero: int = 1, costs: Costs = Costs()) -> Step:
     """t_step = t_comp (1 + rho) + t_tp + exposed dp (+ gathers) + exposed p2p, and the memory, of one configuration.
     baseline: contiguous pipeline (1F1B) + standard accumulation;
     improved: modular pipeline (one layer per stage, v = n_l / n_p) + layered accumulation."""
     n_l, d = shape_for(n_params)
-    improved = method == "improved"
+    improved = _is_improved(method)
     v, n_loc = (n_l // n_p if improved else 1), n_l // n_p
     eta = kernel_efficiency(b, d, n_t, cl) if costs.kernel_efficiency else cl.eta
     t_comp = compute_time(n_params, n_d * m * b * cl.seq, n_d * n_p * n_t, cl, eta=eta)
@@ -148,8 +154,7 @@ def plans(n_params: float, method: str, cl: Cluster = Cluster(), max_gpus: int =
           min_efficiency: float = 0.8, costs: Costs = Costs()):
     """Every configuration (n_d, n_p, n_t, b, m) at B <= B_crit that fits in memory and keeps at least
     `min_efficiency` of the GPUs' time computing (ideal t_comp at the large-GEMM eta / t_step)."""
-    if method not in ("baseline", "improved"):
-        raise PlannerError(f"method must be 'baseline' or 'improved', got {method!r}")
+    _is_improved(method)   # a bad method fails here, not silently as an empty search
     n_l, _ = shape_for(n_params)
     c = c_min_for(n_params)
     b_crit = critical_batch(loss_at(c))

@@ -181,6 +181,8 @@ def test_plans_are_what_shortest_time_chooses_from():
     assert all(p.memory <= 80e9 and p.efficiency >= 0.8 for p in ps)
     with pytest.raises(P.PlannerError, match="method must be"):
         next(P.plans(1e11, "fast"))
+    with pytest.raises(P.PlannerError, match="method must be"):   # not silently the baseline's step
+        P.step_time(1e11, "improve", 64, 4, 8, 1, 6, P.Cluster())
 
 
 def test_no_fit_is_a_clear_error():
