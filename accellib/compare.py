@@ -4,9 +4,15 @@ seed and budget, then one summary table and one figure.
     python -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart
     python -m accellib.compare --config configs/tutorial.yaml --out runs/q --arms baseline,pld --train.steps=50
     python -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart --resume   (after a crash)
-    python -m accellib.compare --config configs/tutorial.yaml --out runs/q3 --budget flops --seeds 3
+    python -m accellib.compare --config configs/tutorial.yaml --out runs/q5 --budget flops --control dense --seeds 5
 
-The YAML holds a base config plus `arms:`, a mapping arm name -> overrides of the base.
+The YAML holds a base config plus `arms:`, a mapping arm name -> overrides of the base. Plain arms of
+other sizes are named, not written: `dense-L3` is the base with 3 blocks, `dense-L3-d96` also 96 wide;
+`--control dense` adds `dense-L1` .. `dense-L<n-1>` (the base's depth is the baseline itself). At
+equal FLOPs each trains until it has spent the baseline's FLOPs, with its own LR horizon, exactly as a
+technique arm does; the summary then judges every arm against the *dense frontier* (the best plain
+model at this budget, chosen without looking at the seed it is judged on; see `frontier`) as well as
+against the same-size baseline, by the one paired rule of `accellib.stats`.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import argparse
 import copy
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +33,7 @@ from .tasks import make_task
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
 from .run_dir import file_lock, has_checkpoint, holds_run, main_decides
+from .stats import mean_sd, paired
 from .train import USER_ERRORS, report, training_function
 
 
@@ -41,19 +49,52 @@ def load_arms(path: str | Path) -> tuple[dict, dict]:
     return raw, arms
 
 
-def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str] | None) -> dict[str, RunConfig]:
-    """Every arm's config: the base, the arm's overrides, the command line's; validated."""
+DENSE = re.compile(r"^dense-L(\d+)(?:-d(\d+))?$")
+CONTROLS = ("none", "dense")
+
+
+def is_dense(arm: str) -> bool:
+    """A plain arm of another size (`dense-L3`, `dense-L3-d96`): no technique, only the model's shape."""
+    return DENSE.match(arm) is not None
+
+
+def is_plain(arm: str) -> bool:
+    """An arm the dense frontier is chosen from: the baseline and the dense arms."""
+    return arm == "baseline" or is_dense(arm)
+
+
+def dense_arms(base: RunConfig) -> list[str]:
+    """The arms `--control dense` adds: every depth below the base's (its own depth is the baseline)."""
+    return [f"dense-L{n}" for n in range(1, base.model.n_layer)]
+
+
+def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str] | None,
+                control: str = "none") -> dict[str, RunConfig]:
+    """Every arm's config: the base, the arm's overrides, the command line's; validated. A `dense-L<n>[-d<w>]`
+    arm is the base (with the command line's overrides) at n blocks (and width w); `control="dense"` adds
+    the default dense arms (`dense_arms`) to the ones named."""
+    if control not in CONTROLS:
+        raise ConfigError(f"--control {control!r} is not one of {', '.join(CONTROLS)}")
     base, all_arms = load_arms(config)
     names = arms or list(all_arms)
-    unknown = [a for a in names if a not in all_arms]
+    unknown = [a for a in names if a not in all_arms and not is_dense(a)]
     if unknown:
-        raise ConfigError(f"unknown arm {unknown[0]!r}; {config} defines {', '.join(all_arms)}")
+        raise ConfigError(f"unknown arm {unknown[0]!r}; {config} defines {', '.join(all_arms)} "
+                          "(plain arms of other sizes are named dense-L<blocks> or dense-L<blocks>-d<width>)")
     cli = parse_overrides(overrides or [])
+    plain = apply_dict(load_config(None, None, extra=base), cli)
+    if control == "dense":
+        names = names + [a for a in dense_arms(plain) if a not in names]
     cfgs = {}
     for name in names:
         cfg = load_config(None, None, extra=base)
-        apply_dict(cfg, all_arms[name] or {})
-        cfgs[name] = apply_dict(cfg, cli)
+        apply_dict(cfg, all_arms.get(name) or {})
+        cfg = apply_dict(cfg, cli)
+        if name not in all_arms:   # dense-L<n>[-d<w>]: the plain base at another size
+            n, w = DENSE.match(name).groups()
+            cfgs[name] = apply_dict(cfg, {"model": {"n_layer": int(n), **({"d_model": int(w)} if w else {})}})
+        else:
+            cfgs[name] = cfg
     return cfgs
 
 
@@ -181,13 +222,13 @@ def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 
 
 def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
              overrides: list[str] | None = None, overwrite: bool = False, resume: bool = False,
-             budget: str = "steps", seeds: int = 1) -> dict[str, dict]:
+             budget: str = "steps", seeds: int = 1, control: str = "none") -> dict[str, dict]:
     """Train each arm (at each seed) into out/<arm>[/seed<k>]. Every run's config and data are checked,
     and what to do with each run already in `out` is decided, before anything is trained or deleted."""
     out = Path(out)
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
-    cfgs = arm_configs(config, arms, overrides)
+    cfgs = arm_configs(config, arms, overrides, control)
     ps = process_state(next(iter(cfgs.values())).train.device)  # launch/device errors before data errors
     check_data(cfgs)
     bfile = out / "budget.json"
@@ -246,8 +287,38 @@ def crossing(recs: list[dict], target: float, x: str) -> float:
     return math.inf
 
 
-def mean_sd(v: list[float]) -> tuple[float, float]:
-    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+def frontier(losses: dict[str, dict[str, float]]) -> dict[str, str]:
+    """The dense frontier's arm for each seed: {seed: plain arm}. `losses` = {plain arm: {seed: final val
+    loss}}. Picking the arm with the lowest loss *on the seed it is judged on* would be biased low (the
+    minimum of noisy values), flattering the control; so the arm for seed k is the one with the lowest mean
+    over the *other* seeds (leave one seed out), and is judged on seed k. With one seed there is nothing
+    else to choose on: the arm is chosen on that seed, and the gap is biased towards the frontier.
+    Only seeds every plain arm finished are used."""
+    seeds = sorted(set.intersection(*(set(v) for v in losses.values()))) if losses else []
+    pick = {}
+    for k in seeds:
+        others = [s for s in seeds if s != k] or [k]
+        pick[k] = min(sorted(losses), key=lambda a: statistics.fmean(losses[a][s] for s in others))
+    return pick
+
+
+def paired_gaps(rows: list[dict], base: str) -> dict:
+    """Every arm's paired gaps (arm - control, per seed, `accellib.stats.paired`) to the same-size
+    baseline and, when plain arms of other sizes ran, to the dense frontier; written into the rows as
+    `vs_baseline` / `vs_frontier` (Paired dicts) and returned as the frontier's record."""
+    by = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in rows}
+    plain = {a: v for a, v in by.items() if is_plain(a) or a == base}
+    pick = frontier(plain) if any(is_dense(a) for a in plain) else {}
+    front = {k: plain[a][k] for k, a in pick.items()}
+    for r in rows:
+        mine = by[r["arm"]]
+        for key, ctrl in (("vs_baseline", by.get(base, {})), ("vs_frontier", front)):
+            common = [k for k in mine if k in ctrl]
+            if ctrl and common and not (key == "vs_baseline" and r["arm"] == base):
+                r[key] = paired([mine[k] for k in common], [ctrl[k] for k in common]).to_dict()
+    return dict(per_seed=pick, val_losses=front,
+                rule="per seed, the plain arm (baseline or dense-*) with the lowest mean final validation loss "
+                     "over the other seeds (leave one seed out), judged on this seed") if pick else {}
 
 
 def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
@@ -266,7 +337,7 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
         by_arm.setdefault(label.split("/")[0], []).append(label)
     if base not in by_arm:
         return []
-    seed_of = lambda label: label.split("/")[1] if "/" in label else ""
+    seed_of = lambda label: label.split("/")[1] if "/" in label else "seed"
     target = {seed_of(lb): results[lb]["val_loss"] for lb in by_arm[base]}
     bflops = statistics.fmean(results[lb]["flops"] for lb in by_arm[base])
     bwall = statistics.fmean(results[lb]["wall"] for lb in by_arm[base])
@@ -282,13 +353,15 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
         rows.append(dict(arm=arm, seeds=len(labels), steps=statistics.fmean(results[lb]["step"] for lb in labels),
                          val_loss=loss, val_loss_sd=loss_sd,
                          val_losses=[results[lb]["val_loss"] for lb in labels],
+                         seed_labels=[seed_of(lb) for lb in labels],
                          **_task_metric(results, labels),
                          flops=flops, flops_ratio=flops / bflops, wall_s=wall, wall_sd=wall_sd,
                          wall_ratio=wall / max(bwall, 1e-9),
                          tok_per_s=statistics.fmean(results[lb]["tokens"] / max(results[lb]["wall"], 1e-9) for lb in labels),
                          reached=sum(math.isfinite(h) for h in hit_f),
                          to_target_flops=statistics.median(hit_f), to_target_wall=statistics.median(hit_w)))
-    return rows
+    order = lambda r: (r["arm"] != base, is_dense(r["arm"]), int(DENSE.match(r["arm"]).group(1)) if is_dense(r["arm"]) else 0)
+    return sorted(rows, key=order)
 
 
 def _task_metric(results: dict, labels: list[str]) -> dict:
@@ -298,6 +371,27 @@ def _task_metric(results: dict, labels: list[str]) -> dict:
         acc, acc_sd = mean_sd([results[lb]["val_acc"] for lb in labels])
         return dict(val_acc=acc, val_acc_sd=acc_sd, val_accs=[results[lb]["val_acc"] for lb in labels])
     return dict(bits_per_byte=statistics.fmean(results[lb]["val_bpb"] for lb in labels))
+
+
+def format_gaps(rows: list[dict], front: dict) -> str:
+    """The paired verdicts: each arm minus the baseline, and minus the dense frontier, per seed; mean
+    [95% t-interval] (seeds): wins / loses / not resolved (`accellib.stats`)."""
+    text = lambda r, k: _paired_text(r[k]) if k in r else "-"
+    has_front = any("vs_frontier" in r for r in rows)
+    w = max(16, *(len(r["arm"]) + 2 for r in rows))
+    head = f"{'arm':<{w}}{'vs baseline (nats)':<48}" + ("vs dense frontier (nats)" if has_front else "")
+    lines = [head, "-" * (w + 48 + (46 if has_front else 0))]
+    for r in rows:
+        lines.append(f"{r['arm']:<{w}}{text(r, 'vs_baseline'):<48}" + (text(r, "vs_frontier") if has_front else ""))
+    if front:
+        picks = sorted(set(front["per_seed"].values()))
+        lines.append(f"frontier: {', '.join(picks)} (chosen per seed on the other seeds' mean; see accellib.compare.frontier)")
+    return "\n".join(lines)
+
+
+def _paired_text(d: dict) -> str:
+    from .stats import Paired
+    return Paired(**{**d, "gaps": tuple(d["gaps"])}).text()
 
 
 def format_table(rows: list[dict]) -> str:
@@ -329,7 +423,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="what every arm spends as much of as the baseline: optimizer steps (the papers' "
                          "protocol), FLOPs, or wall time (paired timing); schedules stretch to each arm's horizon")
     ap.add_argument("--seeds", type=int, default=1, help="train every arm with seeds seed, seed+1, ...; "
-                                                          "the table gives mean ± sd")
+                                                          "the table gives mean ± sd and paired gaps by seed")
+    ap.add_argument("--control", default="none", choices=CONTROLS,
+                    help="dense: also train plain models of every smaller depth (dense-L1 ..) to the same budget, "
+                         "and judge every arm against the best of them (the dense frontier)")
     ap.add_argument("--overwrite", action="store_true", help="replace earlier runs of these arms in --out")
     ap.add_argument("--resume", action="store_true",
                     help="continue an interrupted comparison: finished arms are kept, a started one resumes")
@@ -340,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
         results = run_arms(args.config, args.out, args.arms.split(",") if args.arms else None,
-                           overrides, args.overwrite, args.resume, args.budget, args.seeds)
+                           overrides, args.overwrite, args.resume, args.budget, args.seeds, args.control)
     except USER_ERRORS as e:
         return report(e)
     from accelerate.state import PartialState
@@ -355,7 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget: equal {args.budget}, {args.seeds} seed(s); to target = until the validation loss first "
               "reaches the same seed's baseline final loss (ratios to the baseline's mean FLOPs and wall)")
         print(format_table(rows))
-        summary = dict(budget=args.budget, seeds=args.seeds, rows=rows)
+        front = paired_gaps(rows, plan["baseline"])
+        print(f"\npaired by seed: arm minus control, mean [95% t-interval] (seeds): verdict (accellib.stats)")
+        print(format_gaps(rows, front))
+        summary = dict(budget=args.budget, seeds=args.seeds, rows=rows, frontier=front)
         if args.lm_eval:
             from .evaluate import evaluate_arms
             summary["lm_eval"], text = evaluate_arms(out, list(results), tuple(args.lm_eval.split(",")),

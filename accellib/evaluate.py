@@ -232,7 +232,7 @@ def evaluate_arms(out: Path, labels: list[str], tasks: tuple[str, ...] = LOCAL_T
                   limit: int | None = None) -> tuple[dict, str]:
     """`compare --lm-eval`: evaluate every run of a comparison (out/<arm>[/seed<k>]); returns
     ({arm: {"task metric": [value per seed]}}, a table of means ± sd over seeds)."""
-    from .compare import mean_sd
+    from .stats import mean_sd
     per_arm: dict[str, dict[str, list[float]]] = {}
     notes = []
     for lb in labels:

@@ -8,9 +8,12 @@ machine, wall time of the experiment).
 
 Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in runs/reproduce/<name>/):
   tutorial_lr_sweep  the baseline over peak LR x warm-up, 3 seeds (notebook 00's tuning)
-  tutorial_steps     every arm at the baseline's optimizer steps (the papers' protocol), 3 seeds
-  tutorial_flops     every arm at the baseline's FLOPs (compare --budget flops), 3 seeds: the compute-matched
-                     comparison every notebook reads
+  tutorial_steps     every arm at the baseline's optimizer steps (the papers' protocol), 5 seeds
+  tutorial_flops     every arm at the baseline's FLOPs (compare --budget flops --control dense), 5 seeds, with
+                     the plain models of 1-5 blocks trained to the same FLOPs (the dense frontier): the
+                     compute-matched comparison every notebook reads
+  tutorial_flops_lr  the LR check of that comparison: its best dense arm and its best technique arm (read from
+                     results/tutorial_flops.json) at half and twice the tutorial LR, same FLOPs, 5 seeds
   tutorial_timing    seconds per step of every arm, paired and interleaved on one core (budget.paired_step_seconds):
                      the source of every wall-time claim (run alone, before the others, so nothing competes)
   tutorial_ouroboros the baseline vs Ouroboros delayed gradients with K = 2, 3, 4 modules at the baseline's steps,
@@ -35,12 +38,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from accellib.compare import arm_configs, check_data  # noqa: E402
+from accellib.compare import DENSE, arm_configs, check_data, dense_arms, is_plain  # noqa: E402
 from accellib.records import environment, read_metrics, write_json  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
-SEEDS = 3
+SEEDS = 3          # the LR sweep and Ouroboros (tuning and a 4-arm study); headline comparisons use HEADLINE_SEEDS
+HEADLINE_SEEDS = 5
+LR_CHECK = (0.5, 2.0)  # the LR check's multiples of the tutorial LR
 LR_GRID = (2e-3, 3e-3, 5e-3, 7e-3, 1e-2)
 WARMUP_GRID = (20, 60)
 CURVE_KEYS = ("step", "train_loss", "grad_norm", "lr", "val_loss", "flops", "wall", "tokens", "layer_tokens",
@@ -66,6 +71,32 @@ def lr_sweep_yaml(out: Path) -> Path:
     return p
 
 
+def best_arms(res: dict) -> tuple[str, str]:
+    """The best dense arm (the frontier's most frequent pick) and the best technique arm (lowest mean loss)
+    of a tutorial_flops result."""
+    picks = list(res["summary"]["frontier"]["per_seed"].values())
+    dense = max(sorted(set(picks)), key=picks.count)
+    tech = min((r for r in res["summary"]["rows"] if not is_plain(r["arm"])), key=lambda r: r["val_loss"])
+    return dense, tech["arm"]
+
+
+def lr_check_yaml(out: Path, res: dict) -> tuple[Path, list[str]]:
+    """tutorial.yaml's baseline plus the best dense and best technique arm of a tutorial_flops result `res`,
+    each at LR_CHECK x the tutorial LR (arms `<arm>@lr<value>`)."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    lr = raw["optim"]["lr"]
+    arms = {"baseline": {}}
+    for arm in best_arms(res):
+        over = raw["arms"].get(arm) or {"model": {"n_layer": int(DENSE.match(arm).group(1))}}
+        for f in LR_CHECK:
+            arms[f"{arm}@lr{lr * f:g}"] = {**over, "optim": {"lr": lr * f}}
+    raw["arms"] = arms
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "lr_check.yaml"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return p, [a for a in arms if a != "baseline"]
+
+
 def same_base(config: Path) -> Path:
     """`config` if its base (everything but the arms) is tutorial.yaml's: a separate arms file must not drift."""
     strip = lambda p: {k: v for k, v in yaml.safe_load(p.read_text()).items() if k != "arms"}
@@ -75,7 +106,8 @@ def same_base(config: Path) -> Path:
     return config
 
 
-def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, extra: list[str], jobs: int) -> dict:
+def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, extra: list[str], jobs: int,
+            table_arms: list[str] | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     base = [sys.executable, "-m", "accellib.compare", "--config", str(config), "--out", str(out),
             "--budget", budget, "--seeds", str(seeds), "--train.threads=1", *extra]
@@ -88,8 +120,8 @@ def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, e
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, arms))
     # the table over exactly these arms (a YAML may hold arms another experiment trains)
-    r = subprocess.run(base + ["--arms", ",".join(arms), "--resume"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, check=True)
+    r = subprocess.run(base + ["--arms", ",".join(table_arms or arms), "--resume"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, check=True)
     print("\n".join(ln for ln in r.stdout.splitlines() if "finished before" not in ln))
     summary = json.loads((out / "summary.json").read_text())
     curves = {}
@@ -123,15 +155,26 @@ def main() -> int:
                          "up to float rounding, and many small runs share the GPU")
     args = ap.parse_args()
     seeds, extra = (2, ["--train.steps=40", "--train.eval_every=10"]) if args.quick else (SEEDS, [])
+    headline = 2 if args.quick else HEADLINE_SEEDS
     extra = extra + [f"--train.device={args.device}"] + (["--train.precision=fp32"] if args.device == "cuda" else [])
     runs = ROOT / "runs" / ("reproduce_quick" if args.quick else "reproduce")
     arms = list(yaml.safe_load(CONFIG.read_text())["arms"])
+    done: dict[str, dict] = {}   # this invocation's results (the LR check reads tutorial_flops's)
+    dense = dense_arms(arm_configs(CONFIG, ["baseline"], [])["baseline"])
+
+    def lr_check():
+        flops = done.get("tutorial_flops") or json.loads((ROOT / "results" / "tutorial_flops.json").read_text())
+        cfg, lr_arms = lr_check_yaml(runs / "tutorial_flops_lr", flops)
+        return compare(cfg, runs / "tutorial_flops_lr", lr_arms, "flops", headline, extra, args.jobs,
+                       table_arms=["baseline", *lr_arms])
     experiments = {
         "tutorial_timing": lambda: timing(CONFIG, args.quick),
         "tutorial_lr_sweep": lambda: compare(lr_sweep_yaml(runs / "tutorial_lr_sweep"), runs / "tutorial_lr_sweep",
                                              ["baseline", *sweep_arms()], "steps", seeds, extra, args.jobs),
-        "tutorial_steps": lambda: compare(CONFIG, runs / "tutorial_steps", arms, "steps", seeds, extra, args.jobs),
-        "tutorial_flops": lambda: compare(CONFIG, runs / "tutorial_flops", arms, "flops", seeds, extra, args.jobs),
+        "tutorial_steps": lambda: compare(CONFIG, runs / "tutorial_steps", arms, "steps", headline, extra, args.jobs),
+        "tutorial_flops": lambda: compare(CONFIG, runs / "tutorial_flops", arms + dense, "flops", headline, extra,
+                                          args.jobs),
+        "tutorial_flops_lr": lr_check,
         "tutorial_ouroboros": lambda: compare(same_base(OUROBOROS_CONFIG), runs / "tutorial_ouroboros",
                                               list(yaml.safe_load(OUROBOROS_CONFIG.read_text())["arms"]), "steps",
                                               seeds, extra, args.jobs),
@@ -145,9 +188,10 @@ def main() -> int:
     for name in names:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
-        res = experiments[name]()
+        res = done[name] = experiments[name]()
         rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name} --device {args.device}",
-                   config=yaml.safe_load(configs.get(name, CONFIG).read_text()), seeds=seeds,
+                   config=yaml.safe_load(configs.get(name, CONFIG).read_text()),
+                   seeds=res["summary"]["seeds"] if "summary" in res else seeds,
                    wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
                    environment=environment(), **res)
         print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")
