@@ -16,7 +16,11 @@ ARM_COLORS = {"baseline": COLORS[0], "pld": COLORS[1], "sbld": COLORS[2], "rando
               "control": "#777777",
               # engines that split the model (notebooks 05, 06): shades that stay clear of the baseline's black
               "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
-              "ouroboros": "#17becf"}
+              "ouroboros": "#17becf",
+              # plain models of other depths at the same budget (the dense frontier): greys, light = shallow,
+              # drawn dashed (`arm_linestyle`)
+              "dense-L1": "#c4c4c4", "dense-L2": "#a8a8a8", "dense-L3": "#8c8c8c", "dense-L4": "#5e5e5e",
+              "dense-L5": "#3f3f3f"}
 REFERENCE_STYLE = {"unigram": ":", "bigram": "--"}
 
 X_LABELS = dict(step="optimizer step", flops="training FLOPs (analytic)", wall="wall time (s)",
@@ -31,6 +35,11 @@ def arm_color(label: str) -> str:
     base = name.split(" ")[0]
     # zlib.crc32, not hash(): str hashes change with every process, and a colour must not
     return ARM_COLORS.get(base, COLORS[zlib.crc32(base.encode()) % len(COLORS)])
+
+
+def arm_linestyle(label: str) -> str:
+    """Dashed for the plain models of other sizes (dense-L<n>), solid for every other arm."""
+    return "--" if label.split("/")[0].startswith("dense-L") else "-"
 
 
 def set_style() -> None:

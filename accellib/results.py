@@ -2,8 +2,9 @@
 (benchmarks/reproduce.py), each the summary, the budget plan and every run's curves of one
 multi-seed `accellib.compare` experiment, with its config, commit, versions and wall time.
 
-    res = load_result("tutorial_flops")             # every arm at the baseline's FLOPs, 3 seeds
+    res = load_result("tutorial_flops")             # every arm at the baseline's FLOPs, 5 seeds
     row = arm_row(res, "pld")                       # mean/sd loss, ratios, time to target
+    print(gap_table(res))                           # paired gaps to the baseline and the dense frontier
     check_live(live_final, res, "pld")              # the notebook's live run against the cached one
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 from pathlib import Path
 
 from . import REPO_ROOT
-from .plotting import X_LABELS, arm_color, draw_references
+from .plotting import X_LABELS, arm_color, arm_linestyle, draw_references
+from .stats import Paired
 
 RESULTS = REPO_ROOT / "results"
 
@@ -59,14 +61,52 @@ def check_live(live_final: dict, res: dict, arm: str, tol: float = 0.02) -> floa
     return diff
 
 
+def frontier_arm(res: dict) -> str | None:
+    """The dense frontier's arm of an equal-FLOPs result: the plain arm the frontier rule picked for the
+    most seeds (`accellib.compare.frontier`); None when the experiment ran no dense arms."""
+    picks = list(res["summary"].get("frontier", {}).get("per_seed", {}).values())
+    return max(sorted(set(picks)), key=picks.count) if picks else None
+
+
+def gap(res: dict, arm: str, control: str = "frontier") -> Paired | None:
+    """An arm's paired gap (arm - control per seed, `accellib.stats`) to "baseline" or "frontier"."""
+    d = arm_row(res, arm).get(f"vs_{control}")
+    return None if d is None else Paired(**{**d, "gaps": tuple(d["gaps"])})
+
+
+def verdicts(res: dict, control: str = "frontier") -> dict[str, str]:
+    """{arm: verdict} of every arm against the control ("baseline" or "frontier")."""
+    return {r["arm"]: r[f"vs_{control}"]["verdict"] for r in res["summary"]["rows"] if f"vs_{control}" in r}
+
+
+def gap_table(res: dict, arms: list[str] | None = None) -> str:
+    """Each arm's final loss (mean ± sd over seeds) and its paired gaps to the same-size baseline and to the
+    dense frontier: mean [95% t-interval] (seeds): verdict. The one rule of `accellib.stats`."""
+    rows = [r for r in res["summary"]["rows"] if arms is None or r["arm"] in arms]
+    w = max(len(r["arm"]) for r in rows) + 2
+    out = [f"{'arm':<{w}}{'val loss (nats)':>18}   {'vs baseline':<46}{'vs dense frontier'}"]
+    for r in rows:
+        txt = [gap(res, r["arm"], c).text() if f"vs_{c}" in r else "-" for c in ("baseline", "frontier")]
+        out.append(f"{r['arm']:<{w}}{r['val_loss']:>9.3f} ± {r['val_loss_sd']:.3f}   {txt[0]:<46}{txt[1]}")
+    if (f := frontier_arm(res)) is not None:
+        out.append(f"frontier: {f} (picked for {sum(v == f for v in res['summary']['frontier']['per_seed'].values())}"
+                   f" of {res['summary']['seeds']} seeds, each chosen on the other seeds)")
+    return "\n".join(out)
+
+
 def fmt_to_target(x: float) -> str:
     return "not reached" if x is None or not math.isfinite(x) else f"{x:.2f}x"
 
 
-def plot_arms(res: dict, arms: list[str], xs=("flops", "wall"), references: dict | None = None, title=None):
+def plot_arms(res: dict, arms: list[str], xs=("flops", "wall"), references: dict | None = None, title=None,
+              frontier: bool = True):
     """Validation loss of each arm's seeds (thin) and their mean (thick, at the evaluation points all
-    seeds share), against each x in `xs`; one colour per arm, unigram/bigram lines."""
+    seeds share), against each x in `xs`; one colour per arm, unigram/bigram lines. An equal-FLOPs result
+    with dense arms also draws its frontier arm (grey, dashed) unless `frontier=False`: the control that
+    decides belongs on every equal-compute figure."""
     import matplotlib.pyplot as plt
+    f = frontier_arm(res) if frontier else None
+    arms = list(arms) + ([f] if f is not None and f not in arms else [])
     fig, axes = plt.subplots(1, len(xs), figsize=(5 * len(xs), 3.2), squeeze=False)
     for ax, x in zip(axes[0], xs):
         for arm in arms:
@@ -74,11 +114,13 @@ def plot_arms(res: dict, arms: list[str], xs=("flops", "wall"), references: dict
             curves = [[r for r in recs if "val_loss" in r and not r.get("transition")]
                       for recs in arm_runs(res, arm).values()]
             for recs in curves:
-                ax.plot([r[x] for r in recs], [r["val_loss"] for r in recs], color=c, lw=0.7, alpha=0.4)
+                ax.plot([r[x] for r in recs], [r["val_loss"] for r in recs], color=c, lw=0.7, alpha=0.4,
+                        ls=arm_linestyle(arm))
             n = min(len(v) for v in curves)
             mean_x = [sum(v[i][x] for v in curves) / len(curves) for i in range(n)]
             mean_y = [sum(v[i]["val_loss"] for v in curves) / len(curves) for i in range(n)]
-            ax.plot(mean_x, mean_y, color=c, lw=2, label=f"{arm} (mean of {len(curves)} seeds)")
+            ax.plot(mean_x, mean_y, color=c, lw=2, ls=arm_linestyle(arm),
+                    label=f"{arm}{' = frontier' if arm == f else ''} (mean of {len(curves)} seeds)")
         draw_references(ax, references)
         ax.set_xlabel(X_LABELS.get(x, x))
         ax.set_ylabel("validation loss (nats/token)")

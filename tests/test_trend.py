@@ -59,3 +59,37 @@ def test_crossover_is_placed_relative_to_the_measured_sizes():
     # a line through zero at the geometric middle of the sizes crosses inside the range
     inside = fit_log_trend(paired_gaps(fake_result(lambda n, i: 0.05 * math.log10(n / mid)))["pld"])
     assert inside["crossover"] == "inside" and inside["crossover_params"] == pytest.approx(mid, rel=1e-9)
+
+
+def test_every_gap_and_the_slope_use_the_one_rule():
+    from accellib.stats import from_gaps, t_quantile
+    res = fake_result(lambda n, i: 0.3 - 0.05 * math.log10(n) + (-0.01, 0.0, 0.01)[i])
+    rows = paired_gaps(res)["pld"]
+    for r in rows:
+        p = from_gaps(r["gaps"])
+        assert (r["lo"], r["hi"], r["verdict"]) == (p.lo, p.hi, p.verdict)
+    (row,) = trend_table(res)
+    half = t_quantile(0.975, 9 - 2) * row["slope_se"]
+    assert row["slope_lo"] == pytest.approx(-0.05 - half) and row["slope_hi"] == pytest.approx(-0.05 + half)
+    assert row["slope_verdict"] == "falls"                       # the technique gains as N grows
+    noisy = fake_result(lambda n, i: (-0.2, 0.0, 0.2)[i])         # no trend, seed noise only
+    assert trend_table(noisy)[0]["slope_verdict"] == "flat within noise"
+
+
+def test_gaps_to_the_frontier_come_from_the_sweeps_rows():
+    from accellib.compare import paired_gaps as compare_gaps
+    res = fake_result(lambda n, i: 0.05)
+    for cell in res["cells"]:
+        rows = cell["summary"]["rows"]
+        for r in rows:
+            r["seed_labels"] = ["seed1", "seed2", "seed3"]
+        rows.append(dict(arm="dense-L2", seed_labels=["seed1", "seed2", "seed3"],
+                         val_losses=[v - 0.1 for v in rows[0]["val_losses"]]))
+        compare_gaps(rows, "baseline")
+    base = paired_gaps(res)["pld"]
+    front = paired_gaps(res, "frontier")
+    assert set(front) == {"pld"}                                    # dense arms are controls, not techniques
+    assert [r["gaps"] for r in base] == [pytest.approx([0.05] * 3)] * 3
+    assert [r["gaps"] for r in front["pld"]] == [pytest.approx([0.15] * 3)] * 3
+    with pytest.raises(ValueError, match="--dense-only"):
+        paired_gaps(fake_result(lambda n, i: 0.0), "frontier")
