@@ -84,10 +84,13 @@ def gap_table(res: dict, arms: list[str] | None = None) -> str:
     dense frontier: mean [95% t-interval] (seeds): verdict. The one rule of `accellib.stats`."""
     rows = [r for r in res["summary"]["rows"] if arms is None or r["arm"] in arms]
     w = max(len(r["arm"]) for r in rows) + 2
-    out = [f"{'arm':<{w}}{'val loss (nats)':>18}   {'vs baseline':<46}{'vs dense frontier'}"]
+    txt = {r["arm"]: [gap(res, r["arm"], c).text() if f"vs_{c}" in r else "-" for c in ("baseline", "frontier")]
+           for r in rows}
+    w2 = max(len(t[0]) for t in txt.values()) + 3
+    out = [f"{'arm':<{w}}{'val loss (mean ± sd)':>20}   {'vs baseline':<{w2}}{'vs dense frontier'}"]
     for r in rows:
-        txt = [gap(res, r["arm"], c).text() if f"vs_{c}" in r else "-" for c in ("baseline", "frontier")]
-        out.append(f"{r['arm']:<{w}}{r['val_loss']:>9.3f} ± {r['val_loss_sd']:.3f}   {txt[0]:<46}{txt[1]}")
+        t = txt[r["arm"]]
+        out.append(f"{r['arm']:<{w}}{r['val_loss']:>11.3f} ± {r['val_loss_sd']:.3f}   {t[0]:<{w2}}{t[1]}")
     if (f := frontier_arm(res)) is not None:
         out.append(f"frontier: {f} (picked for {sum(v == f for v in res['summary']['frontier']['per_seed'].values())}"
                    f" of {res['summary']['seeds']} seeds, each chosen on the other seeds)")
@@ -129,3 +132,23 @@ def plot_arms(res: dict, arms: list[str], xs=("flops", "wall"), references: dict
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def findings_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
+    """The README's table of the tutorial comparison, made from the cache (a test checks the README holds
+    exactly this): per arm, the paper's protocol (equal steps) and equal FLOPs, each gap paired by seed with
+    its 95% interval and verdict (`accellib.stats`), beside the dense frontier; step time from the paired
+    timing (`results/tutorial_timing.json`)."""
+    short = lambda p: "—" if p is None else (f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}] "
+                                             f"{p.verdict.replace('not resolved at', 'n.r. at')}")
+    steps_rows = {r["arm"]: r for r in steps_res["summary"]["rows"]}
+    lines = [f"| arm | equal steps ({steps_res['summary']['seeds']} seeds): val loss | vs baseline | "
+             f"equal FLOPs ({flops_res['summary']['seeds']} seeds): steps | val loss | vs baseline | "
+             "vs dense frontier | step time vs baseline (paired) |", "|---|---|---|---|---|---|---|---|"]
+    for r in flops_res["summary"]["rows"]:
+        a, s = r["arm"], steps_rows.get(r["arm"])
+        st = (f"{s['val_loss']:.3f} ± {s['val_loss_sd']:.3f}", short(gap(steps_res, a, "baseline"))) if s else ("—", "—")
+        t = f"{timing[a]:.2f}x" if a in timing else "—"
+        lines.append(f"| {a} | {st[0]} | {st[1]} | {r['steps']:.0f} | {r['val_loss']:.3f} ± {r['val_loss_sd']:.3f} | "
+                     f"{short(gap(flops_res, a, 'baseline'))} | {short(gap(flops_res, a, 'frontier'))} | {t} |")
+    return "\n".join(lines)

@@ -5,6 +5,8 @@ machine, wall time of the experiment).
     python benchmarks/reproduce.py                       # every experiment, jobs = CPU cores
     python benchmarks/reproduce.py --only tutorial_flops --jobs 2
     python benchmarks/reproduce.py --quick               # smoke run: 2 seeds, 40 steps, nothing written to results/
+    python benchmarks/reproduce.py --reanalyse tutorial_steps   # re-judge a cached experiment's stored per-seed
+                                                         # losses by today's summary code (paired gaps), no training
 
 Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in runs/reproduce/<name>/):
   tutorial_lr_sweep  the baseline over peak LR x warm-up, 3 seeds (notebook 00's tuning)
@@ -145,15 +147,38 @@ def timing(config: Path, quick: bool) -> dict:
     return dict(timing=t, note="multilevel is left out: its stages are different models (see notebook 04)")
 
 
+def reanalyse(name: str) -> int:
+    """Add what today's summary adds (seed labels, paired gaps to the baseline and the dense frontier) to a
+    cached experiment, from the per-seed final losses it stores: the numbers are the stored runs', only the
+    judgement of them is recomputed. The record says when and by which command."""
+    from accellib.compare import paired_gaps
+    path = ROOT / "results" / f"{name}.json"
+    res = json.loads(path.read_text())
+    summ = res["summary"]
+    seed0 = res["budget"]["seed0"]
+    for r in summ["rows"]:
+        r["seed_labels"] = [f"seed{seed0 + k}" for k in range(len(r["val_losses"]))]
+        r.pop("vs_baseline", None), r.pop("vs_frontier", None)
+    summ["frontier"] = paired_gaps(summ["rows"], res["budget"]["baseline"])
+    res["reanalysed"] = dict(command=f"python benchmarks/reproduce.py --reanalyse {name}", environment=environment())
+    write_json(path, res)
+    print(f"{path.relative_to(ROOT)}: paired gaps recomputed for {len(summ['rows'])} arms")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated experiment names")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compare processes at once")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 40 steps; writes nothing to results/")
+    ap.add_argument("--reanalyse", metavar="NAME", help="recompute the paired gaps (and frontier) of results/NAME.json "
+                    "from its stored per-seed losses with today's summary code; trains nothing")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="where the runs train; cuda runs in fp32 (train.precision=fp32), so its losses match the CPU's "
                          "up to float rounding, and many small runs share the GPU")
     args = ap.parse_args()
+    if args.reanalyse:
+        return reanalyse(args.reanalyse)
     seeds, extra = (2, ["--train.steps=40", "--train.eval_every=10"]) if args.quick else (SEEDS, [])
     headline = 2 if args.quick else HEADLINE_SEEDS
     extra = extra + [f"--train.device={args.device}"] + (["--train.precision=fp32"] if args.device == "cuda" else [])
