@@ -7,8 +7,8 @@ emulation costs, and what FP8 operands, narrow accumulation and the weight-updat
               against the fp32 baseline (accellib.budget.paired_step_seconds)
 2. training   every arm of configs/lowp.yaml at equal steps through `accellib.compare` (the one trainer
               loop): fp32, FP8 operands only, + naive (1,6,9) accumulation, + chunked (CL 64), and RNE
-              instead of SR weight updates, 3 seeds; val-loss gaps to the baseline and paired per-seed gaps
-              (naive - chunked, RNE - SR)
+              instead of SR weight updates, 3 seeds; val-loss gaps to the baseline and between arms (naive -
+              chunked, RNE - SR), paired by seed and judged by accellib.stats
 3. sweep      the accumulator-mantissa arms (acc_m*), 1 seed, next to the m_acc that the variance
               retention ratio predicts for each GEMM (accellib.numerics.vrr)
 
@@ -31,7 +31,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 
-from accellib.compare import arm_configs, mean_sd  # noqa: E402
+from accellib import stats  # noqa: E402
+from accellib.compare import arm_configs  # noqa: E402
 from accellib.numerics.formats import E5M2, E6M9  # noqa: E402
 from accellib.numerics.linear import LowpGemms, emulated_linear  # noqa: E402
 from accellib.records import environment, table, write_json  # noqa: E402
@@ -79,14 +80,13 @@ def step_overhead(rounds: int) -> dict:
 
 
 def gaps(summary: dict, seeds: int) -> dict:
-    """Mean and sd of each arm's val loss minus the baseline's, and paired per-seed gaps."""
+    """Each arm's val loss minus the baseline's, and naive - chunked, RNE - SR, paired by seed: the course's one
+    rule (accellib.stats: mean, 95% t-interval, verdict wins / loses / not resolved at n seeds)."""
     rows = {r["arm"]: r for r in summary["rows"]}
     per = {a: r["val_losses"] for a, r in rows.items()}
 
     def paired(a: str, b: str) -> dict:
-        d = [x - y for x, y in zip(per[a], per[b])]
-        mean, sd = mean_sd(d)
-        return dict(mean=mean, sd=sd, per_seed=d)
+        return stats.paired(per[a], per[b]).to_dict()
     out = {a: paired(a, "baseline") for a in per if a != "baseline"}
     if {"fp8_naive", "fp8_chunk64", "fp8_chunk64_rne"} <= set(per):
         out["naive_minus_chunked"] = paired("fp8_naive", "fp8_chunk64")
@@ -127,7 +127,8 @@ def main() -> int:
                sweep=sw, vrr_prediction={f"chunk{c}": predict_table(base.model, base.train.batch_size, c)
                                          for c in (0, 32, 64)})
     for k, v in rec["gaps"].items():
-        print(f"   {k:<22} {v['mean']:+.4f} +- {v['sd']:.4f}  per seed {[round(x, 4) for x in v['per_seed']]}")
+        print(f"   {k:<22} {stats.Paired(**{**v, 'gaps': tuple(v['gaps'])}).text('.4f')}  "
+              f"per seed {[round(x, 4) for x in v['gaps']]}")
     out = runs / "low_precision_cpu.json" if args.quick else ROOT / "results" / "low_precision_cpu.json"
     write_json(out, rec)
     print(f"wrote {out.relative_to(ROOT)} ({rec['wall_seconds']:.0f} s; the runs trained for "

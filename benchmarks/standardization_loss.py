@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from accellib.compare import mean_sd  # noqa: E402
+from accellib.stats import mean_sd  # noqa: E402
 from accellib.records import environment, table, write_json  # noqa: E402
 
 DIGITS = ROOT / "configs" / "digits_cnn.yaml"
@@ -78,7 +78,8 @@ def run_one(job: dict) -> dict:
 
 
 def summarize(results: list[dict], metric: str) -> dict:
-    """Mean ± sd of the final `metric` over a group's seeds that finished; diverged seeds are counted."""
+    """Mean ± sd of the final `metric` over a group's seeds that finished (the spread of one arm, for display;
+    comparisons are judged per seed by accellib.stats); diverged seeds are counted."""
     ok = [r["final"][metric] for r in results if r["status"] == "ok" and math.isfinite(r["final"][metric])]
     mean, sd = mean_sd(ok) if ok else (float("nan"), float("nan"))
     return {metric: round(mean, 4), f"{metric}_sd": round(sd, 4), f"{metric}s": [round(x, 4) for x in ok],
