@@ -35,15 +35,17 @@ def paired_gaps(res: dict, control: str = "baseline") -> dict[str, list[dict]]:
     if control not in ("baseline", "frontier"):
         raise ValueError(f"control must be 'baseline' or 'frontier', got {control!r}")
     out: dict[str, list[dict]] = {}
+    if control == "frontier" and not any(cell["summary"].get("frontier") for cell in res["cells"]):
+        raise ValueError("this sweep has no dense arms: run python benchmarks/scaling.py --dense-only")
     for cell in res["cells"]:
+        if control == "frontier" and not cell["summary"].get("frontier"):
+            continue                       # a size without dense arms has no frontier
         rows = {r["arm"]: r for r in cell["summary"]["rows"]}
         base = rows["baseline"]["val_losses"]
         for arm, row in rows.items():
             if arm == "baseline" or arm.startswith("dense-"):
                 continue
             if control == "frontier":
-                if "vs_frontier" not in row:
-                    raise ValueError("this sweep has no dense arms: run python benchmarks/scaling.py --dense-only")
                 gaps = row["vs_frontier"]["gaps"]
             else:
                 gaps = [a - b for a, b in zip(row["val_losses"], base, strict=True)]

@@ -95,7 +95,7 @@ def main() -> int:
                     help="train only the dense arms of the sizes in results/scaling_trend.json and merge them in")
     args = ap.parse_args()
     if args.dense_only:
-        return dense_only(args.jobs)
+        return dense_only(args.jobs, [int(d) for d in args.widths.split(",")])
     grid = [(int(L), int(d)) for L in args.depths.split(",") for d in args.widths.split(",")]
     sizes = [(4, 64), (4, 192)] if args.quick else grid
     seeds = 1 if args.quick else SEEDS
@@ -140,10 +140,11 @@ def main() -> int:
     return 0
 
 
-def dense_only(jobs: int) -> int:
+def dense_only(jobs: int, widths: list[int]) -> int:
     """Train the dense arms of every size of results/scaling_trend.json into runs/scaling_dense/<L>x<d>/
     (same config, overrides, seeds and FLOPs budget as the sweep) and merge their rows, and every arm's paired
-    gaps to the baseline and the frontier (`accellib.compare.paired_gaps`), into the record."""
+    gaps to the baseline and the frontier (`accellib.compare.paired_gaps`), into the record. `widths`: only the
+    sizes of these widths (the record says which sizes have a frontier)."""
     from accellib.compare import paired_gaps
     path = ROOT / "results" / "scaling_trend.json"
     res = json.loads(path.read_text())
@@ -163,13 +164,15 @@ def dense_only(jobs: int) -> int:
             raise RuntimeError(f"{L}x{d} {arm} failed:\n{r.stderr[-3000:]}")
         print(f"  {L}x{d} {arm} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
-    sizes = [tuple(s) for s in res["sizes"]]
+    sizes = [tuple(s) for s in res["sizes"] if s[1] in widths]
     todo = sorted(((L, d, a) for L, d in sizes for a in size_arms(L)[len(ARMS):]), key=lambda j: -j[0] * j[1] ** 2)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, todo))
     for cell in res["cells"]:
         L, d = cell["n_layer"], cell["d_model"]
+        if (L, d) not in sizes:
+            continue
         out = runs / f"{L}x{d}"
         rows = [r for r in cell["summary"]["rows"] if not r["arm"].startswith("dense-")]
         for arm in size_arms(L)[len(ARMS):]:
@@ -189,7 +192,7 @@ def dense_only(jobs: int) -> int:
         cell["summary"]["rows"] = rows
         cell["summary"]["frontier"] = paired_gaps(rows, "baseline")
     res["dense"] = {f"{L}x{d}": size_arms(L)[len(ARMS):] for L, d in sizes}
-    res["dense_command"] = "python benchmarks/scaling.py --dense-only"
+    res["dense_command"] = "python benchmarks/scaling.py --dense-only --widths " + ",".join(map(str, widths))
     res["dense_wall_seconds"] = round(time.perf_counter() - t0, 1)
     res["dense_environment"] = environment()
     write_json(path, res)

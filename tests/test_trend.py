@@ -85,7 +85,7 @@ def test_gaps_to_the_frontier_come_from_the_sweeps_rows():
             r["seed_labels"] = ["seed1", "seed2", "seed3"]
         rows.append(dict(arm="dense-L2", seed_labels=["seed1", "seed2", "seed3"],
                          val_losses=[v - 0.1 for v in rows[0]["val_losses"]]))
-        compare_gaps(rows, "baseline")
+        cell["summary"]["frontier"] = compare_gaps(rows, "baseline")
     base = paired_gaps(res)["pld"]
     front = paired_gaps(res, "frontier")
     assert set(front) == {"pld"}                                    # dense arms are controls, not techniques
