@@ -20,3 +20,29 @@ def test_every_arm_of_the_table_has_its_paired_verdicts():
     assert any(r["arm"].startswith("dense-L") for r in rows)  # with the dense frontier
     for r in rows:
         assert "vs_frontier" in r and (r["arm"] == "baseline" or "vs_baseline" in r)
+
+
+def test_readme_technique_rows_state_the_paired_verdicts_of_their_results():
+    """The technique table's quality cells (PLD, SBLD, random-LTD, multi-level) are the one rule's verdicts,
+    recomputed here from the per-seed numbers in results/*.json (same seed = a pair), or say why not."""
+    from accellib.stats import paired
+    readme = (REPO_ROOT / "README.md").read_text()
+    expected = []
+    # PLD / SBLD: layer_drop_cpu.json keeps only medians over seeds, so the README may quote them but not judge
+    ld = load_result("layer_drop_cpu")
+    assert all("per_seed" not in r for r in ld["to_target"])
+    for arm in ("pld", "sbld"):
+        rows = [r for r in ld["to_target"] if r["arm"] == arm]
+        gaps = "/".join(f"{-r['gain_vs_matched_baseline']:+.3f}" for r in rows)
+        expected.append(f"median {gaps} nats over {len(ld['seeds'])} seeds; not judged: "
+                        "`results/layer_drop_cpu.json` stores medians, not per-seed losses")
+    # random-LTD at equal LayerTokens: one (baseline, LTD) pair per seed
+    rl = [r for r in load_result("random_ltd_cpu")["to_target"] if r["target"] == "final"]
+    expected.append("vs the baseline at equal LayerTokens, paired by seed: "
+                    + paired([r["ltd_final"] for r in rl], [r["base_final"] for r in rl]).text())
+    # multi-level V-cycle, the 4-layer d = 128 model: its final loss against the same seed's baseline at its FLOPs
+    ml = next(r for r in load_result("multilevel_cpu") if r["size"] == "4L-d128")["per_seed"]
+    expected.append("vs the baseline at equal FLOPs, paired by seed: "
+                    + paired([p["ml_final"] for p in ml], [p["base_at_equal_flops"] for p in ml]).text())
+    for text in expected:
+        assert text in readme, f"README.md's technique table should state: {text}"
