@@ -94,9 +94,13 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
     fall back to eager. One block is always the same function of (x, scale) or
     of a (B, r, C) token subset, so each block needs a few graphs for the whole run: plain, scaled, and
     one with a dynamic length for random-LTD (tests/test_efficiency.py counts them). The parameters keep
-    their names, so checkpoints and exports do not change."""
+    their names, so checkpoints and exports do not change. The head and the loss (ln_f -> lm_head ->
+    cross-entropy) are compiled as one more region (accellib.model.head_loss): run eagerly outside the
+    compiled blocks, the loss of 16-bit logits was the largest cost of a GPT-2-small step."""
     for block in model.blocks:  # (models without blocks are refused by the config's validation)
         block.compile(backend=backend)
+    if hasattr(model, "head_loss_backend"):
+        model.head_loss_backend = backend
 
 
 class Trainer:
