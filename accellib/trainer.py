@@ -46,7 +46,8 @@ class TrainState:
     layer_tokens: int = 0        # sum over blocks of tokens each block processed, all processes
     blocks_run: int = 0          # executed blocks summed over micro-batches
     micro_batches: int = 0
-    wall: float = 0.0            # seconds spent in training steps (eval/checkpoint excluded)
+    wall: float = 0.0            # seconds of training (eval/checkpoint excluded), counted from one log-step
+                                 # read of the device to the next (Trainer._tick)
     # the open train-loss averaging window (steps since the last log line), so that a run resumed
     # between two log steps logs exactly what the uninterrupted run logs
     win_loss: float = 0.0
@@ -160,6 +161,7 @@ class Trainer:
         # stall the host and leave the GPU idle while Python prepares the next step
         self._window: dict = {}
         self._prefetched = None  # (step, batches) drawn ahead during the previous step
+        self._clock: Optional[float] = None  # perf_counter() where the training time runs from (_tick; fit only)
         self.prefetch = self.accelerator.device.type == "cuda"  # one batch ahead, while the GPU still computes
         self.precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
         self.out = Path(out_dir) if out_dir is not None else None
@@ -227,7 +229,6 @@ class Trainer:
         norm and the task's metrics are summed on the device (see _flush for when they are read)."""
         cfg, st, acc = self.cfg, self.state, self.accelerator
         self.model.train()
-        t0 = time.perf_counter()
         self.step_metrics = {}
         batches = self._step_batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
@@ -283,8 +284,19 @@ class Trainer:
             tech.step_end(self)
         if self.prefetch:  # the host draws the next batches while the device works through this step
             self._prefetched = (st.step, self.batches(st.step))
-        st.wall += time.perf_counter() - t0
         return loss
+
+    def _tick(self) -> None:
+        """Add the time since the last mark to the run's and the window's wall, and mark now. Called right
+        after a host read of the window (_flush), which waits for every step queued on the device: timing
+        each step on the host would stop before the device has done its work, and overstate tok/s and MFU
+        by up to a queue's depth of steps per window. So the time runs from one log step's read to the
+        next (as torchtitan's metrics do); evaluation and checkpoints restart it (self._clock), uncounted."""
+        now, st = time.perf_counter(), self.state
+        if self._clock is not None:
+            st.wall += now - self._clock
+            st.win_wall += now - self._clock
+        self._clock = now
 
     def _accumulate(self, loss: torch.Tensor, grad_norm: torch.Tensor, metrics: dict) -> None:
         """Add one step to the device-side window: loss and metric sums in float64 (a sum of float32
@@ -367,6 +379,7 @@ class Trainer:
         so a crash mid-save never destroys the previous checkpoint."""
         acc, ck = self.accelerator, self.checkpoint_dir()
         self._flush()  # the open window's sums go into the checkpoint; a NaN loss stops the run here
+        self._tick()   # and its time so far (the save itself is not counted: fit restarts the clock)
         if self.engine is not None:
             self.engine.sync_replica()
         if not self.weights_finite():  # never replace a good checkpoint by a diverged model
@@ -511,15 +524,17 @@ class Trainer:
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
                    desc="train", dynamic_ncols=True)
         final = {}
+        self._clock = time.perf_counter()
         while not self.finished():
-            tok0, wall0 = st.tokens, st.wall
+            tok0 = st.tokens
             self.train_step()
-            st.win_tokens, st.win_wall = st.win_tokens + st.tokens - tok0, st.win_wall + st.wall - wall0
+            st.win_tokens += st.tokens - tok0
             bar.update(1)
             done = self.finished()
             do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
             if st.step % t.log_every == 0 or do_eval:
                 self._flush()
+                self._tick()  # after the read: the window's time includes the device's queued work
                 rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
                 rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
                 rec.update(self._efficiency(st.win_flops, st.win_wall))
@@ -532,8 +547,11 @@ class Trainer:
                 if not t.progress:  # without a bar the console must still show the run is alive
                     self.accelerator.print(log_line(rec, t.steps), flush=True)
                 final = rec
-            if self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
+            save = self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0))
+            if save:
                 self.save()
+            if save or do_eval or st.step % t.log_every == 0:
+                self._clock = time.perf_counter()  # logging, evaluation and saving are not training time
         bar.close()
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
