@@ -110,14 +110,30 @@ def tracking_kwargs(trackers: list[str], run_dir) -> dict:
         project_dir=str(run_dir), logging_dir=str(Path(run_dir) / "tensorboard")))
 
 
+def check_dynamo(env=None) -> None:
+    """Refuse a whole-model torch.compile asked for by the launcher: `accelerate launch --dynamo_backend X`
+    (or an `accelerate config` default with dynamo on) sets ACCELERATE_DYNAMO_BACKEND, and Accelerate's
+    prepare() then compiles the whole model, whose program changes with every new plan of a technique
+    (PLD's skipped blocks): one recompile per pattern until torch's limit turns it back to eager
+    (tests/test_efficiency.py). train.compile=blocks is the compile accellib runs and gpu_check measures."""
+    backend = (os.environ if env is None else env).get("ACCELERATE_DYNAMO_BACKEND", "no")
+    if backend.strip().lower() not in ("", "no"):
+        raise LaunchError(f"the launcher asks for a whole-model compile (ACCELERATE_DYNAMO_BACKEND={backend}, from "
+                          "`accelerate launch --dynamo_backend` or `accelerate config`), which recompiles for every "
+                          "new technique plan; launch with --dynamo_backend no and set train.compile=blocks "
+                          "(the full-scale configs do) to compile each block and the head+loss")
+
+
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
                      **kwargs):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
     cpu = use_cpu(device)
+    check_dynamo()
     handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
-    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision),
+    # dynamo "no" explicitly: the compile is train.compile's (accellib.trainer.compile_blocks), never prepare()'s
+    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",
                       kwargs_handlers=handlers, **kwargs)
     check_world_size(acc.num_processes)
     return acc
