@@ -124,6 +124,17 @@ def check_dynamo(env=None) -> None:
                           "(the full-scale configs do) to compile each block and the head+loss")
 
 
+def check_no_fsdp(env=None) -> None:
+    """accellib trains data-parallel (DDP) only: every process holds the whole model. An FSDP launch
+    (`accelerate launch --use_fsdp` or an FSDP `accelerate config`, which set ACCELERATE_USE_FSDP) is refused:
+    no FSDP path has been built or tested yet (issue 27, item 5), and its sharded parameters would meet code
+    that reads whole tensors (checkpoints, exports, the engines, the V-cycle's coalescing)."""
+    if (os.environ if env is None else env).get("ACCELERATE_USE_FSDP", "false").strip().lower() in ("1", "true", "yes"):
+        raise LaunchError("an FSDP launch (ACCELERATE_USE_FSDP=true, from `accelerate launch --use_fsdp` or an FSDP "
+                          "`accelerate config`) is not supported: accellib trains data-parallel only, so the model must "
+                          "fit one GPU; launch with --multi_gpu (DDP) and a model that fits")
+
+
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
                      **kwargs):
     from accelerate import Accelerator
@@ -131,6 +142,7 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", de
 
     cpu = use_cpu(device)
     check_dynamo()
+    check_no_fsdp()
     handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
     # dynamo "no" explicitly: the compile is train.compile's (accellib.trainer.compile_blocks), never prepare()'s
     acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",

@@ -28,7 +28,7 @@ from .config import ConfigError, RunConfig
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import make_accelerator, tracking_kwargs
 from .model import Plan
-from .run_dir import checkpoint_folder
+from .run_dir import check_shared_run_dir, checkpoint_folder
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -510,6 +510,8 @@ class Trainer:
         cfg, st, t = self.cfg, self.state, self.cfg.train
         if self.out is not None and self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+        if self.out is not None:  # several machines: every process must see this folder (a shared filesystem)
+            check_shared_run_dir(self.accelerator, self.out)
         if resume:
             self.load(self.out)
             if self.is_main:  # drop log lines written after the checkpoint
