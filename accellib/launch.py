@@ -124,15 +124,64 @@ def check_dynamo(env=None) -> None:
                           "(the full-scale configs do) to compile each block and the head+loss")
 
 
-def check_no_fsdp(env=None) -> None:
-    """accellib trains data-parallel (DDP) only: every process holds the whole model. An FSDP launch
-    (`accelerate launch --use_fsdp` or an FSDP `accelerate config`, which set ACCELERATE_USE_FSDP) is refused:
-    no FSDP path has been built or tested yet (issue 27, item 5), and its sharded parameters would meet code
-    that reads whole tensors (checkpoints, exports, the engines, the V-cycle's coalescing)."""
-    if (os.environ if env is None else env).get("ACCELERATE_USE_FSDP", "false").strip().lower() in ("1", "true", "yes"):
-        raise LaunchError("an FSDP launch (ACCELERATE_USE_FSDP=true, from `accelerate launch --use_fsdp` or an FSDP "
-                          "`accelerate config`) is not supported: accellib trains data-parallel only, so the model must "
-                          "fit one GPU; launch with --multi_gpu (DDP) and a model that fits")
+FSDP_CONFIGS = "configs/accelerate/fsdp_2proc_cpu.yaml (2 CPU processes) or configs/accelerate/fsdp_8gpu.yaml"
+
+
+def _env_true(env, key: str, default: str = "false") -> bool:
+    return env.get(key, default).strip().lower() in ("1", "true", "yes")
+
+
+def fsdp_requested(env=None) -> bool:
+    """Does the launch ask for FSDP? `accelerate launch` with an FSDP config (distributed_type: FSDP) or with
+    --use_fsdp sets ACCELERATE_USE_FSDP=true and its fsdp_config as FSDP_* variables in every process."""
+    return _env_true(os.environ if env is None else env, "ACCELERATE_USE_FSDP")
+
+
+def fsdp_plugin(env=None):
+    """The FullyShardedDataParallelPlugin of an FSDP launch: FSDP2 (torch's fully_shard), one FSDP unit per
+    transformer Block (the embeddings, final LayerNorm and tied head form the root unit), no FSDP parameter
+    casting (MixedPrecisionPolicy() keeps fp32 all-gathers and fp32 gradient reduce-scatters; a bf16 run
+    computes under accelerator.autocast() as the DDP path does, so the residual stream and the embeddings stay
+    fp32). The state-dict type (SHARDED_STATE_DICT: torch.distributed.checkpoint, one file per process;
+    FULL_STATE_DICT: one file gathered on the main process) and reshard_after_forward come from the launch.
+    What was not built or tested is refused in one line."""
+    env = os.environ if env is None else env
+    version = env.get("FSDP_VERSION", "1").strip()
+    if version != "2":
+        raise LaunchError(f"FSDP version {version} (FSDP_VERSION, fsdp_config.fsdp_version): accellib runs FSDP2 "
+                          f"only; set fsdp_version: 2 (see {FSDP_CONFIGS})")
+    policy = env.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP").strip().upper()
+    cls = env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "Block").strip()
+    if policy != "TRANSFORMER_BASED_WRAP" or cls != "Block":
+        raise LaunchError(f"fsdp_auto_wrap_policy={policy} with fsdp_transformer_layer_cls_to_wrap={cls}: accellib "
+                          "shards one FSDP unit per transformer block; set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP "
+                          f"and fsdp_transformer_layer_cls_to_wrap: Block (see {FSDP_CONFIGS})")
+    for key, what in (("FSDP_ACTIVATION_CHECKPOINTING", "fsdp_activation_checkpointing"),
+                      ("FSDP_OFFLOAD_PARAMS", "fsdp_offload_params"),
+                      ("FSDP_CPU_RAM_EFFICIENT_LOADING", "fsdp_cpu_ram_efficient_loading")):
+        if _env_true(env, key):
+            raise LaunchError(f"{what}: true is not supported by accellib's FSDP path (not built or tested); set it "
+                              f"to false (see {FSDP_CONFIGS})")
+    sdt = env.get("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT").strip().upper()
+    if sdt not in ("SHARDED_STATE_DICT", "FULL_STATE_DICT"):
+        raise LaunchError(f"fsdp_state_dict_type={sdt}: FSDP2 checkpoints are SHARDED_STATE_DICT or FULL_STATE_DICT")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                          transformer_cls_names_to_wrap=["Block"], state_dict_type=sdt,
+                                          mixed_precision_policy=MixedPrecisionPolicy())
+
+
+def _fsdp_on_cpu(acc, plugin) -> None:
+    """Accelerate 1.15 builds FSDP only for accelerators (state.py: the plugin is kept for MULTI_GPU and the like),
+    so on CPU processes (gloo) it would silently train DDP. Torch's fully_shard runs on gloo, and Accelerate's
+    FSDP2 code (prepare, clip_grad_norm_, save_state/load_state) is device-agnostic: set the distributed type
+    in both shared states exactly as Accelerate sets it on GPUs, before anything is prepared."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
 
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
@@ -142,12 +191,21 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", de
 
     cpu = use_cpu(device)
     check_dynamo()
-    check_no_fsdp()
-    handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
+    plugin = fsdp_plugin() if fsdp_requested() else None
+    if plugin is not None and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise LaunchError("an FSDP launch with one process shards nothing; start 2 or more processes "
+                          f"(accelerate launch --config_file {FSDP_CONFIGS.split(' ')[0]} -m accellib.train ...)")
+    handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs and plugin is None else []
     # dynamo "no" explicitly: the compile is train.compile's (accellib.trainer.compile_blocks), never prepare()'s
     acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",
-                      kwargs_handlers=handlers, **kwargs)
+                      kwargs_handlers=handlers, fsdp_plugin=plugin, **kwargs)
     check_world_size(acc.num_processes)
+    if plugin is not None:
+        if cpu and acc.distributed_type.value == "MULTI_CPU":
+            _fsdp_on_cpu(acc, plugin)
+        if not acc.is_fsdp2:
+            raise LaunchError(f"the launch asks for FSDP but Accelerate set up {acc.distributed_type.value}; "
+                              f"launch with accelerate launch --config_file {FSDP_CONFIGS}")
     return acc
 
 

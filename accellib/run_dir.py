@@ -27,6 +27,21 @@ def checkpoint_folder(out: Path) -> Path | None:
     return next((p for p in (ck / "last", ck / ".old") if p.exists()), None)
 
 
+# the model's file in a checkpoint folder, by the launch that wrote it (Accelerate's save_state names them)
+LAYOUTS = {"model.safetensors": "data-parallel", "pytorch_model.bin": "data-parallel",
+           "pytorch_model_fsdp.bin": "FSDP FULL_STATE_DICT", "pytorch_model_fsdp_0": "FSDP SHARDED_STATE_DICT"}
+
+
+def checkpoint_layout(src: Path) -> tuple[str, Path] | None:
+    """(which launch wrote the checkpoint folder `src`, its model file or folder); None when it has none. A
+    data-parallel launch writes the whole state dict; an FSDP launch either one file gathered on the main process
+    (FULL_STATE_DICT) or a torch.distributed.checkpoint folder with one file per process (SHARDED_STATE_DICT)."""
+    for name, layout in LAYOUTS.items():
+        if (src / name).exists():
+            return layout, src / name
+    return None
+
+
 def has_checkpoint(out: Path) -> bool:
     return checkpoint_folder(out) is not None or (out / "vcycle.json").exists()
 

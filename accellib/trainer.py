@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 
 from .config import ConfigError, RunConfig
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
-from .launch import make_accelerator, tracking_kwargs
+from .launch import fsdp_requested, make_accelerator, tracking_kwargs
 from .model import Plan
-from .run_dir import check_shared_run_dir, checkpoint_folder
+from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -117,12 +117,18 @@ class Trainer:
         self.task = make_task(cfg, data)  # what is trained on (accellib/tasks.py): language or images
         self.task.configure()             # the model fields the data decides, before techniques read them
         self.techniques = build_techniques(cfg)
+        if fsdp_requested() and accelerator is None:  # before any process group: what cannot run sharded says so
+            from .techniques import check_fsdp
+            check_fsdp(self.techniques, cfg.model.kind)
         ddp = {}
         for tech in self.techniques:
             ddp.update(tech.ddp_kwargs())
         # live trackers (log.trackers) write into the run folder; an accelerator passed in brings its own
         track = tracking_kwargs(cfg.log.trackers, out_dir) if out_dir is not None else {}
         self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device, **track)
+        # FSDP2 (accellib.launch.fsdp_plugin): prepare() shards every Block and the rest (embeddings, final
+        # LayerNorm, tied head) over the processes; the loop below is the same, Accelerate's FSDP2 paths do the rest
+        self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
         self.data = self.task.data
         torch.manual_seed(t.seed)  # same init on every rank
         model = model if model is not None else self.task.build_model()
@@ -260,6 +266,8 @@ class Trainer:
         max_norm = cfg.optim.grad_clip or float("inf")
         norm = (acc.clip_grad_norm_(self.model.parameters(), max_norm) if self.engine is None
                 else self.engine.clip_grad_norm_(max_norm))
+        if self.fsdp:  # FSDP2's norm is a DTensor over the shards' norms: the full value (a collective, no host read)
+            norm = norm.full_tensor()
         self.last_grad_norm = torch.as_tensor(norm, dtype=torch.float32, device=acc.device).detach()
         self._accumulate(loss.detach(), self.last_grad_norm, metrics)
         lr = self.lr_schedule(st)
@@ -348,7 +356,8 @@ class Trainer:
                             f"(now {self.cfg.optim.weight_decay}), or raise optim.warmup_steps; {kept}")
 
     def weights_finite(self) -> bool:
-        flags = torch.stack([p.detach().isfinite().all() for p in self.model.parameters()])
+        # FSDP2's parameters are DTensors: each process checks its own shards, the reduce below covers them all
+        flags = torch.stack([_local(p).detach().isfinite().all() for p in self.model.parameters()])
         ok = flags.all().float()
         return bool(self.accelerator.reduce(ok.to(self.accelerator.device), "mean").item() == 1.0)
 
@@ -411,6 +420,7 @@ class Trainer:
             raise TrainingError(f"{run_dir} has no checkpoint (the run stopped before its first one); "
                                 f"start it again with: python -m accellib.train --config {run_dir / 'config.yaml'} "
                                 f"--out {run_dir} --overwrite")
+        self._check_layout(src)
         try:
             self.accelerator.load_state(str(src))
         except ConfigError:  # a technique refusing the stored state (its own one-line reason): not a damaged file
@@ -427,6 +437,23 @@ class Trainer:
         o = self.cfg.optim
         for g, wd in zip(self.optimizer.param_groups, (o.weight_decay, 0.0)):  # groups of param_groups()
             g.update(weight_decay=wd, **(dict(betas=(o.beta1, o.beta2)) if o.name == "adamw" else dict(momentum=o.momentum)))
+
+    def _check_layout(self, src: Path) -> None:
+        """A checkpoint resumes under the kind of launch that wrote it: data-parallel, or FSDP with the same
+        state-dict type (Accelerate reads each from different files); otherwise one line says which launch."""
+        found = checkpoint_layout(src)
+        if found is None or self.engine is not None:
+            return  # no model file: load_state's own error says the folder is damaged; engines write their own
+        if self.fsdp:
+            now = f"FSDP {self.accelerator.state.fsdp_plugin.state_dict_type.name}"
+        else:
+            now = "data-parallel"
+        if found[0] != now:
+            how = ("accelerate launch --multi_gpu (or torchrun)" if found[0] == "data-parallel" else
+                   f"accelerate launch with an FSDP config whose fsdp_state_dict_type is {found[0].split()[-1]} "
+                   "(configs/accelerate/fsdp_*.yaml)")
+            raise TrainingError(f"the checkpoint {src} was written by a {found[0]} launch and this resume is a {now} "
+                                f"launch; resume it with {how}")
 
     def _load_engine(self, src: Path) -> None:
         acc, f = self.accelerator, src / f"engine_rank{self.accelerator.process_index}.pt"
@@ -558,6 +585,11 @@ class Trainer:
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
         return final
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a tensor: the local shard of an FSDP2 DTensor, any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _is_number(v) -> bool:

@@ -40,6 +40,9 @@ from ..techniques.base import Technique
 
 class Engine(Technique):
     splits_model = True   # the trainer and check_composition look for this
+
+    def fsdp_refusal(self) -> str:
+        return "it runs the model's pieces itself, outside the FSDP-wrapped forward, and splits or reduces them its own way"
     needs = "the language model's embedding, blocks and head, which it splits into stages"
 
     def __init__(self, cfg, run_cfg):

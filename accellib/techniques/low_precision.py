@@ -103,6 +103,10 @@ class LowPrecision(Technique):
         """The draws of one step's stochastic rounding, on the device the tensors live on."""
         return torch.Generator(self.device).manual_seed(seed_for(self.run_cfg.train.seed, step, stream))
 
+    def fsdp_refusal(self) -> str:
+        return ("it swaps the model's Linear layers and rounds the weights and AdamW moments in place with draws "
+                "over whole tensors, which FSDP holds as shards")
+
     def setup(self, trainer) -> None:
         model = trainer.raw_model
         self.device = trainer.accelerator.device

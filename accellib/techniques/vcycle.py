@@ -203,10 +203,14 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
     from ..trainer import Trainer   # lazy: accellib.trainer imports the technique registry, which imports us
     from ..launch import process_state
     from ..run_dir import main_decides
-    out, ps = Path(out), process_state(cfg.train.device)
+    from ..launch import fsdp_requested
+    from . import REGISTRY, check_fsdp
     ml = cfg.techniques["multilevel"]
     if not ml.enabled:
         raise ConfigError("run_vcycle needs multilevel.enabled=true (see configs/multilevel_tiny.yaml)")
+    if fsdp_requested():  # before any process group forms
+        check_fsdp([REGISTRY["multilevel"](ml, cfg)], cfg.model.kind)
+    out, ps = Path(out), process_state(cfg.train.device)
     task = make_task(cfg, data)
     task.configure()                                              # vocab_size (language), seq_len (ViT)
     data = task.data
