@@ -89,15 +89,4 @@ def test_gpu_check_sh_stops_in_one_line_without_a_c_compiler(tmp_path):
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "no C compiler found" in p.stderr
 
 
-@pytest.mark.parametrize("value", ["true", "1", "TRUE"])
-def test_an_fsdp_launch_is_refused_in_one_line(value, monkeypatch):
-    """No FSDP path exists yet (DDP only): an FSDP launch stops at the Accelerator, before any training."""
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", value)
-    with pytest.raises(LaunchError) as e:
-        make_accelerator(device="cpu")
-    assert "\n" not in str(e.value) and "data-parallel only" in str(e.value) and "--multi_gpu" in str(e.value)
-
-
-def test_fsdp_off_passes(monkeypatch):
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
-    assert make_accelerator(device="cpu").distributed_type.value in ("NO", "MULTI_CPU")
+# FSDP launches: tests/test_fsdp.py
