@@ -7,12 +7,16 @@
   `accelerate launch --cpu --num_processes N` is caught.
 - Techniques add the DDP kwargs they need (e.g. find_unused_parameters for layer dropping).
 - bf16 autocast when a bf16-capable GPU is present; fp32 on CPU.
+- FSDP2 when the launch asks for it (ACCELERATE_USE_FSDP from an FSDP `accelerate config`): the launch, not the
+  training config, decides, so one config runs data-parallel or sharded (fsdp_plugin; tests/test_fsdp.py).
 
 Launch commands that really give N synchronised processes:
     CPU:   ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
                --mixed_precision no --dynamo_backend no -m accellib.train ...
            torchrun --nproc_per_node 2 -m accellib.train ...
     GPUs:  accelerate launch --multi_gpu --num_processes 8 -m accellib.train ...
+    FSDP2: accelerate launch --config_file configs/accelerate/fsdp_8gpu.yaml -m accellib.train ...
+           accelerate launch --config_file configs/accelerate/fsdp_2proc_cpu.yaml -m accellib.train ...  (2 CPU processes)
 """
 from __future__ import annotations
 

@@ -452,8 +452,8 @@ class Trainer:
             how = ("accelerate launch --multi_gpu (or torchrun)" if found[0] == "data-parallel" else
                    f"accelerate launch with an FSDP config whose fsdp_state_dict_type is {found[0].split()[-1]} "
                    "(configs/accelerate/fsdp_*.yaml)")
-            raise TrainingError(f"the checkpoint {src} was written by a {found[0]} launch and this resume is a {now} "
-                                f"launch; resume it with {how}")
+            raise TrainingError(f"the checkpoint {src} was written under {found[0]} and this resume runs under {now}; "
+                                f"resume it with {how}")
 
     def _load_engine(self, src: Path) -> None:
         acc, f = self.accelerator, src / f"engine_rank{self.accelerator.process_index}.pt"

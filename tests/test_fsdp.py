@@ -7,7 +7,7 @@ the same numbers; with 2 processes the gradient reduce-scatter adds the same two
 (a + b, exact in either order) and halves exactly. The one different sum is the clip's global norm: FSDP2 adds
 squares per shard and all-reduces the shards' sums, DDP adds them per whole tensor, so the norm (and the clip
 factor min(1, max_norm / norm)) can differ in the last bits. Hence: without clipping (optim.grad_clip=0) the two
-runs are bitwise equal, weights included (test_baseline_...); with the default clip (1.0, active in these runs)
+runs are bitwise equal, weights included, in bf16 autocast too (test_baseline_...); with the default clip (1.0, active in these runs)
 the logged numbers agree to 2e-5 (they are rounded to 5 decimals, so one rounding step apart at most) and the
 weights to 1e-5 after 6 steps (measured: 1.4e-6).
 """
@@ -74,8 +74,10 @@ def _loads_into_the_plain_model(run: Path, cfg) -> dict:
 
 
 @pytest.mark.timeout(150)
-def test_baseline_under_fsdp_is_bitwise_ddp_without_clipping(tiny_data_dir, tmp_path):
-    extra = {"optim.grad_clip": 0}
+def test_baseline_under_fsdp_is_bitwise_ddp_without_clipping_in_bf16(tiny_data_dir, tmp_path):
+    """In bf16 (CPU autocast): FSDP2 all-gathers fp32 weights (no FSDP parameter casting) and the forward runs under
+    accelerator.autocast() as DDP's does, so the two are bitwise equal here too (the other tests run fp32)."""
+    extra = {"optim.grad_clip": 0, "train.precision": "bf16"}
     _launch(tiny_data_dir, tmp_path / "ddp", extra, {})
     _launch(tiny_data_dir, tmp_path / "fsdp", extra, FULL)   # FULL_STATE_DICT: one file, gathered on rank 0
     assert checkpoint_layout(tmp_path / "fsdp" / "checkpoints" / "last")[0] == "FSDP FULL_STATE_DICT"
