@@ -209,3 +209,22 @@ def test_a_checkpoint_resumes_only_under_the_launch_that_wrote_it(written, wrote
         assert "\n" not in msg and "resume it with" in msg
         assert ("--multi_gpu" in msg) == (wrote == "data-parallel")
         assert (sdt is not None and wrote != "data-parallel") <= (f"fsdp_state_dict_type is {LAUNCHES[wrote][1]}" in msg)
+
+
+@pytest.mark.parametrize("name,processes,precision", [("fsdp_2proc_cpu", 2, "no"), ("fsdp_8gpu", 8, "bf16")])
+def test_the_shipped_fsdp_configs_give_a_launch_accellib_accepts(name, processes, precision):
+    """The environment `accelerate launch --config_file configs/accelerate/NAME.yaml` gives each process, computed
+    by Accelerate's own launch code without launching (the 8-GPU file cannot run here): accellib's plugin accepts
+    it, and its FSDP settings are the ones the 2-process tests run."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from accellib.launch import fsdp_plugin
+    args = launch_command_parser().parse_args(["--config_file", str(ROOT / f"configs/accelerate/{name}.yaml"), "x.py"])
+    args = _validate_launch_command(args)[0]
+    env = prepare_multi_gpu_env(args)
+    assert args.num_processes == processes and env["ACCELERATE_MIXED_PRECISION"] == precision
+    assert {k: env[k] for k in FSDP_ENV} == FSDP_ENV
+    plugin = fsdp_plugin(env)
+    assert plugin.fsdp_version == 2 and plugin.transformer_cls_names_to_wrap == ["Block"]
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT" and plugin.reshard_after_forward is True
