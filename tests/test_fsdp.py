@@ -7,9 +7,9 @@ the same numbers; with 2 processes the gradient reduce-scatter adds the same two
 (a + b, exact in either order) and halves exactly. The one different sum is the clip's global norm: FSDP2 adds
 squares per shard and all-reduces the shards' sums, DDP adds them per whole tensor, so the norm (and the clip
 factor min(1, max_norm / norm)) can differ in the last bits. Hence: without clipping (optim.grad_clip=0) the two
-runs are bitwise equal, weights included, in bf16 autocast too (test_baseline_...); with the default clip (1.0, active in these runs)
+runs are bitwise equal, weights included, in bf16 autocast too, even across a crash and resume (test_baseline_...); with the default clip (1.0, active in these runs)
 the logged numbers agree to 2e-5 (they are rounded to 5 decimals, so one rounding step apart at most) and the
-weights to 1e-5 after 6 steps (measured: 1.4e-6).
+weights to 1e-5 after 6 steps (measured: 1.4e-6, baseline).
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ FULL = dict(FSDP_ENV, FSDP_STATE_DICT_TYPE="FULL_STATE_DICT")
 PLD_LTD_STD = {"pld.enabled": True, "pld.gamma": 0.5, "random_ltd.enabled": True, "random_ltd.min_len": 16,
                "standardization_loss.enabled": True, "standardization_loss.weight": 0.01}
 SBLD = {"sbld.enabled": True, "sbld.profile_step": 2, "sbld.profile_batches": 2, "sbld.gamma": 0.5}
-BASE = {"train.batch_size": 4, "train.checkpoint_every": 2}
+STEPS = 6   # checkpoints at 2, 4 and 6; the crashed runs stop after step 3 (they resume from step 2)
+BASE = {"train.batch_size": 4, "train.checkpoint_every": 2, "train.steps": STEPS}
 
 
 def _train(data_dir, out, extra, env, crash_after=None, resume=False):
@@ -73,13 +74,17 @@ def _loads_into_the_plain_model(run: Path, cfg) -> dict:
     return sd
 
 
-@pytest.mark.timeout(150)
-def test_baseline_under_fsdp_is_bitwise_ddp_without_clipping_in_bf16(tiny_data_dir, tmp_path):
+@pytest.mark.timeout(200)
+def test_baseline_under_fsdp_crashed_and_resumed_is_bitwise_ddp_without_clipping_in_bf16(tiny_data_dir, tmp_path):
     """In bf16 (CPU autocast): FSDP2 all-gathers fp32 weights (no FSDP parameter casting) and the forward runs under
-    accelerator.autocast() as DDP's does, so the two are bitwise equal here too (the other tests run fp32)."""
+    accelerator.autocast() as DDP's does. The FSDP run crashes after step 3 and resumes from its FULL_STATE_DICT
+    checkpoint of step 2; bitwise equal to the straight DDP run, it shows both that FSDP computes what DDP computes
+    and that the resume is exact (the other tests run fp32 and SHARDED_STATE_DICT)."""
     extra = {"optim.grad_clip": 0, "train.precision": "bf16"}
     _launch(tiny_data_dir, tmp_path / "ddp", extra, {})
-    _launch(tiny_data_dir, tmp_path / "fsdp", extra, FULL)   # FULL_STATE_DICT: one file, gathered on rank 0
+    with pytest.raises(Exception, match="crash"):
+        _launch(tiny_data_dir, tmp_path / "fsdp", extra, FULL, crash_after=3)
+    _launch(tiny_data_dir, tmp_path / "fsdp", extra, FULL, resume=True)
     assert checkpoint_layout(tmp_path / "fsdp" / "checkpoints" / "last")[0] == "FSDP FULL_STATE_DICT"
     assert checkpoint_layout(tmp_path / "ddp" / "checkpoints" / "last")[0] == "data-parallel"
     assert _numbers(tmp_path / "fsdp") == _numbers(tmp_path / "ddp")
@@ -107,7 +112,7 @@ def test_pld_random_ltd_and_standardization_loss_under_fsdp_match_ddp_and_export
     assert max((wa[k] - wb[k]).abs().max().item() for k in wb) < 1e-5
     pytest.importorskip("transformers")
     info = export_run(tmp_path / "fsdp", tmp_path / "hf")    # the merged shards, checked on validation logits
-    assert info["step"] == 6 and (tmp_path / "hf" / "model.safetensors").is_file()
+    assert info["step"] == STEPS and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 @pytest.mark.timeout(200)
@@ -129,7 +134,7 @@ def test_the_shipped_cpu_config_runs_sbld_and_a_crash_resumes_exactly(tiny_data_
         _launch(tiny_data_dir, tmp_path / "part", SBLD, FSDP_ENV, crash_after=3)
     _launch(tiny_data_dir, tmp_path / "part", SBLD, FSDP_ENV, resume=True)
     full, part = _numbers(tmp_path / "full"), _numbers(tmp_path / "part")
-    assert full == part and len(full) == 6 and full[-1]["block_list"]    # SBLD profiled at step 2, then dropped
+    assert full == part and len(full) == STEPS and full[-1]["block_list"]    # SBLD profiled at step 2, then dropped
     assert min(r["blocks_per_micro_batch"] for r in full) < 4
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "part")
     assert all(torch.equal(a[k], b[k]) for k in a)
