@@ -141,7 +141,12 @@ class Trainer:
             self.engine.build(model.to(self.accelerator.device), self.accelerator)
         device = self.accelerator.device
         enable_fast_math(device)  # TF32 matmuls on CUDA
-        params = model.to(device).parameters() if self.engine is None else self.engine.parameters()
+        if self.engine is not None:
+            params = self.engine.parameters()
+        elif self.fsdp:  # left where it was built (host memory): prepare()'s fully_shard moves each unit's shard to
+            params = model.parameters()  # the device, so the whole model never has to fit on one GPU
+        else:
+            params = model.to(device).parameters()
         self.optimizer = make_optimizer(params, cfg.optim, fused=device.type == "cuda")
         if self.engine is None:
             self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
