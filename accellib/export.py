@@ -33,7 +33,7 @@ import torch
 
 from .config import ConfigError, load_config
 from .model import ModelConfig, Transformer
-from .run_dir import checkpoint_folder
+from .run_dir import checkpoint_folder, checkpoint_layout
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # the second is torch's tanh GELU, as ours
@@ -124,21 +124,37 @@ def run_weights(run_dir: Path) -> tuple[object, dict, int]:
         f, step = run_dir / f"stage_{last}" / "final_model.pt", prog["done"][last]["step"]
     else:
         src = checkpoint_folder(run_dir)
-        f = next((p for p in (src / "model.safetensors", src / "pytorch_model.bin") if p.is_file()), None) if src else None
-        if f is None:
+        found = checkpoint_layout(src) if src else None
+        if found is None:
             raise ExportError(f"{run_dir} has no checkpoint (checkpoints/last); train it first")
-        step = None
+        f, step = found[1], None
     try:
-        if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            sd = load_file(f)
-        else:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
+        sd = model_state_dict(f)
     except Exception as e:
         raise ExportError(f"{f} cannot be read ({type(e).__name__}); restore it or train the run again") from None
     if step is None:
         step = _checkpoint_step(f.parent)
     return cfg, {k: v.float() for k, v in sd.items()}, step
+
+
+def model_state_dict(f: Path) -> dict:
+    """The plain model's state dict (the keys of Transformer.state_dict()) from a checkpoint's model file
+    (accellib.run_dir.checkpoint_layout): a data-parallel launch's model.safetensors / pytorch_model.bin, an FSDP
+    launch's pytorch_model_fsdp.bin (FULL_STATE_DICT), or its pytorch_model_fsdp_0/ folder of per-process shards
+    (SHARDED_STATE_DICT, torch.distributed.checkpoint), merged here in one process without a process group."""
+    f = Path(f)
+    if f.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(f)
+    if f.is_dir():
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(f, Path(tmp) / "model.pt")
+            sd = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=True)
+        return sd["model"]  # Accelerate saves {"model": state_dict}
+    return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def _checkpoint_step(ck: Path) -> int | None:

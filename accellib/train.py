@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .config import ConfigError, RunConfig, help_text, load_config, read_yaml
 from .data import DataError
-from .launch import LaunchError, end_accelerate_launcher, process_state
+from .launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
 from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
 from .model import num_params
 from .trainer import Trainer, TrainingError
@@ -36,6 +36,9 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     from .records import read_metrics, write_record
 
     out = Path(out)
+    if fsdp_requested():  # what cannot run under FSDP says so before any process group forms (one line)
+        from .techniques import build_techniques, check_fsdp
+        check_fsdp(build_techniques(cfg), cfg.model.kind)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     from .tasks import make_task
     task = make_task(cfg)

@@ -40,6 +40,9 @@ from ..techniques.base import Technique
 
 class Engine(Technique):
     splits_model = True   # the trainer and check_composition look for this
+
+    def fsdp_refusal(self) -> str:
+        return "it runs the model's pieces itself, outside the FSDP-wrapped forward, and splits or reduces them its own way"
     needs = "the language model's embedding, blocks and head, which it splits into stages"
 
     def __init__(self, cfg, run_cfg):
@@ -79,7 +82,7 @@ class Engine(Technique):
         total = norm_of_parts(parts, self.n_parts, self.counted, self.device)
         if math.isfinite(max_norm):
             scale_grads(params, total, max_norm)
-        return float(total)
+        return total  # a device tensor: the trainer reads it at log steps only
 
     def sync_replica(self) -> None:
         """Every process gets the current weights of the stages it does not run (before eval and save)."""
@@ -192,12 +195,14 @@ def grad_norm(params: list[nn.Parameter]) -> Optional[torch.Tensor]:
 
 def scale_grads(params: list[nn.Parameter], total: torch.Tensor, max_norm: float) -> None:
     """torch's clip_grad_norm_ rule: multiply by min(1, max_norm / (norm + 1e-6)); skipped when it is
-    1, so an inactive clip is bitwise no clip."""
-    coef = max_norm / (float(total) + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+    1.0 when it is not below 1 (also for a NaN norm), and x * 1.0 == x, so an inactive clip is bitwise no
+    clip. Computed on the device in float64 (what Python's float arithmetic did when this read the norm on
+    the host), so the factor is the same number without a wait for the device every step."""
+    coef = max_norm / (total.double() + 1e-6)
+    coef = torch.where(coef < 1.0, coef, torch.ones_like(coef))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef.to(p.grad.dtype))
 
 
 # ----------------------------------------------------------------------------- timing harness
