@@ -32,7 +32,7 @@ from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overr
 from .tasks import make_task
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
-from .run_dir import file_lock, has_checkpoint, holds_run, main_decides
+from .run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
 from .stats import mean_sd, paired
 from .train import USER_ERRORS, report, training_function
 
@@ -127,7 +127,13 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
         raise ConfigError("--resume keeps finished arms and --overwrite replaces them; choose one")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the comparison")
+    if holds_run(out) or (out / LOCK).exists():  # a training's files, or a training taking the folder now
+        raise ConfigError(f"{out} is the folder of a training run, not of a comparison; give the comparison "
+                          "a folder of its own with --out")
     held = [n for n in cfgs if holds_run(out / n)]
+    if resume and not held and not (out / "budget.json").is_file():
+        raise ConfigError(f"{out} holds no comparison to resume; check --out, or start the comparison "
+                          "without --resume")
     if held and not (resume or overwrite):
         raise ConfigError(f"{out} already holds arm(s) {', '.join(held)}; continue the comparison with --resume, "
                           "or replace them with --overwrite (or choose another --out)")
