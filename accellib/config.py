@@ -40,7 +40,7 @@ class DataConfig:
     path: str = opt("data/shakespeare", "token-data folder written by data_scripts/")
     mlm_prob: float = opt(0.15, "masking probability for model.kind=mlm", min=0.01, max=0.9)
     verify: str = opt("cached", "checksums of the token files at start: cached = hash a file once, then trust it while "
-                      "its size and mtime are unchanged; full = hash every file at every start", choices=["cached", "full"])
+                      "its size, mtime, inode and ctime are unchanged; full = hash every file at every start", choices=["cached", "full"])
 
 
 @dataclass

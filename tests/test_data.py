@@ -373,6 +373,22 @@ def test_a_changed_file_or_meta_is_hashed_again(tmp_path, monkeypatch):
     assert hashed == ["val.bin"]
 
 
+def test_a_file_changed_in_place_with_its_mtime_restored_is_hashed_again(tmp_path):
+    # issue 26 item 2: cp -p, rsync -t or os.utime(ns=...) put the mtime back; before, the cache trusted the
+    # corrupt file (its size and mtime matched) and training ran on it without a word
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte")[0])
+    load_token_data(out)
+    assert "train.bin" in cache_of(out)
+    st = (out / "train.bin").stat()
+    with open(out / "train.bin", "r+b") as f:
+        f.seek(200)
+        f.write(b"\x01\x00" * 50)  # same size
+    os.utime(out / "train.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # to the nanosecond
+    assert (out / "train.bin").stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(DataError, match=r"train\.bin is corrupt"):
+        load_token_data(out)
+
+
 def test_a_failed_check_writes_no_cache(tmp_path, monkeypatch):
     out = tc.prepare(corpus(), tmp_path / "d", "byte")[0]
     with open(out / "val.bin", "r+b") as f:
