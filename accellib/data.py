@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from . import REPO_ROOT as _ROOT  # the repo, where data/ and data_scripts/ live
 
@@ -91,6 +92,32 @@ def prepare_hint(data_dir: str | Path, created_by: str | None = None, force: boo
     at_default = (cmd == _default_command(data_dir.name)
                   and data_dir.resolve() == (_ROOT / "data" / data_dir.name).resolve())
     return f"run `{cmd}{' --force' if force else ''}`" if at_default else f"run `{cmd} {out}`"
+
+
+_READERS = {"images": "image data, which model.kind=vit, cnn or mlp reads",
+            "tokens": "token data, which model.kind=gpt or mlm reads"}
+
+
+def other_kind(data_dir: Path, meta, wanted: str) -> str | None:
+    """A one-line reason when meta.json says `data_dir` holds another kind of data than `wanted`
+    ("tokens" or "images"), else None. It never suggests rebuilding the folder: that would replace
+    a dataset another config reads. It names the repo's configs that read the folder."""
+    if not isinstance(meta, dict):
+        return None
+    kind = "images" if meta.get("kind") == "images" else "tokens" if "tokenizer" in meta else None
+    if kind is None or kind == wanted:
+        return None
+    users = []
+    for p in sorted((_ROOT / "configs").glob("*.yaml")):
+        try:
+            path = (yaml.safe_load(p.read_text()) or {}).get("data", {}).get("path")
+            if path and (_ROOT / path).resolve() == data_dir.resolve():
+                users.append(f"configs/{p.name}")
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            continue
+    read_by = f" (read by {', '.join(users[:3])}{', ...' if len(users) > 3 else ''})" if users else ""
+    return (f"{data_dir} holds {_READERS[kind]}{read_by}; point --data.path at a folder of "
+            f"{_READERS[wanted].split(',')[0]} instead")
 
 
 def _scan(path: Path, ids: bool) -> tuple[str, int]:
@@ -161,6 +188,8 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
         raise DataError(f"no token data in {data_dir}: {prepare_hint(data_dir, force=False)}")
     try:
         meta = json.loads(meta_path.read_text())
+        if why := other_kind(data_dir, meta, "tokens"):
+            raise DataError(why)
         fix = prepare_hint(data_dir, meta.get("created_by"))
         counts = {split: int(meta[f"n_{split}"]) for split in ("train", "val")}
         vocab_size = int(meta["vocab_size"])

@@ -632,3 +632,32 @@ def test_missing_bin_file_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match=re.escape(
             f"train.bin is missing: run `python data_scripts/prepare_shakespeare.py --out {out} --force`")):
         load_token_data(out)
+
+
+def test_a_folder_of_another_kind_of_data_is_never_named_in_a_fix(digits_dir, tmp_path, monkeypatch):
+    # issue 26 item 3: before, a GPT config on data/digits said "unreadable meta.json ... pass --out
+    # data/digits --force", and doing that replaced the images with Shakespeare tokens
+    with pytest.raises(DataError) as e:
+        load_token_data(digits_dir)
+    msg = str(e.value)
+    assert "holds image data" in msg and "model.kind=vit, cnn or mlp" in msg, msg
+    assert "--out" not in msg and "--force" not in msg and "\n" not in msg
+    # the configs that read the folder are named: a repo whose configs/x.yaml reads data/digits
+    root = tmp_path / "repo"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "x.yaml").write_text("data:\n  path: data/digits\n")
+    (root / "configs" / "y.yaml").write_text("data:\n  path: data/shakespeare\n")
+    (root / "data").mkdir()
+    (root / "data" / "digits").symlink_to(digits_dir)
+    monkeypatch.setattr(data_module, "_ROOT", root)
+    with pytest.raises(DataError, match=r"\(read by configs/x\.yaml\)") as e:
+        load_token_data(root / "data" / "digits")
+    assert "y.yaml" not in str(e.value)
+    # and the other way round: a token folder under an image config
+    from accellib.image_data import load_image_data
+    tokens = tc.prepare(corpus(), tmp_path / "tok", "byte", created_by="python data_scripts/prepare_shakespeare.py")[0]
+    with pytest.raises(DataError) as e:
+        load_image_data(tokens)
+    msg = str(e.value)
+    assert "holds token data" in msg and "model.kind=gpt or mlm" in msg, msg
+    assert "--out" not in msg and "--force" not in msg and "prepare_shakespeare" not in msg
