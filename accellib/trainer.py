@@ -24,7 +24,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import make_accelerator, tracking_kwargs
 from .model import Plan
@@ -56,6 +56,9 @@ class TrainState:
     win_grad_norm: float = 0.0   # largest pre-clip gradient norm in the window (spikes show here first)
     win_flops: float = 0.0       # FLOPs of the window's steps (for its MFU)
     win_metrics: dict = field(default_factory=dict)  # the task's train metrics summed over the window (e.g. acc)
+    # what each resume changed from config.yaml (options a resume may change, e.g. a lower optim.lr), as
+    # [{"step": k, "changes": {"optim.lr": [old, new]}}]: steps after k trained with the new values
+    resumes: list = field(default_factory=list)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -436,6 +439,17 @@ class Trainer:
         if self.accelerator.trackers:  # the same numbers, live (trackers only exist on the main process)
             self.accelerator.log({k: v for k, v in rec.items() if k != "step" and _is_number(v)}, step=rec["step"])
 
+    def _note_resume(self) -> None:
+        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml."""
+        stored = self.out / "config.yaml"
+        if not stored.is_file():
+            return
+        old, new = load_config(stored).to_dict(), self.cfg.to_dict()
+        changes = {f"{s}.{k}": [v, new[s][k]] for s, d in old.items() for k, v in d.items()
+                   if new[s][k] != v and (s, k) != ("model", "vocab_size")}
+        if changes != (self.state.resumes[-1]["changes"] if self.state.resumes else {}):
+            self.state.resumes.append(dict(step=self.state.step, changes=changes))
+
     def _start_trackers(self, resume: bool) -> None:
         """Start log.trackers for this fit (Accelerate does it on the main process only), with the run's
         config as hyper-parameters. On resume TensorBoard hides what was logged after the checkpoint
@@ -495,6 +509,10 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self.load(self.out)
+            if st.step > t.steps:  # nothing to train, and the records would say t.steps of a longer run
+                raise ConfigError(f"the run in {self.out} has reached step {st.step}; --train.steps={t.steps} would "
+                                  f"train nothing: give at least {st.step} steps, or drop it")
+            self._note_resume()
             if self.is_main:  # drop log lines written after the checkpoint
                 _truncate_metrics(self.out / "metrics.jsonl", st.step)
         elif self.out is not None and self.is_main:

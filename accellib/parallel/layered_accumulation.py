@@ -198,8 +198,8 @@ class LayeredAccumulation(Engine):
         order: str = opt("layered", "loop order of the engine: layered (layer-major) or standard "
                                     "(micro-batch-major, for comparisons)", choices=["layered", "standard"])
         emulate_mbps: float = opt(0.0, "emulated network bandwidth in MB/s for the reductions "
-                                        "(0 = real network, no emulation)", min=0.0)
-        keep_trace: bool = opt(True, "record the event trace of the last step (self.trace)")
+                                        "(0 = real network, no emulation)", min=0.0, resume=True)
+        keep_trace: bool = opt(True, "record the event trace of the last step (self.trace)", resume=True)
         shard: bool = opt(False, "ZeRO-3 half of the paper's §4: shard the parameters over the processes, "
                                  "gather each layer once per pass, reduce-scatter its gradient (several processes)")
 
