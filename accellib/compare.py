@@ -109,6 +109,28 @@ def check_data(cfgs: dict[str, RunConfig]) -> None:
         task.configure()
 
 
+def tokens_per_step(cfg: RunConfig, world: int) -> int:
+    """Tokens one optimizer step of `cfg` trains on `world` processes: data-parallel replicas (every
+    process for a plain run; an engine's own count, e.g. 1 for an Ouroboros ring) x batch x accumulation."""
+    from .techniques import build_techniques
+    engine = next((t for t in build_techniques(cfg) if getattr(t, "splits_model", False)), None)
+    dp = world if engine is None else engine.data_parallel(world)
+    return dp * cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+
+
+def check_same_data(cfgs: dict[str, RunConfig], world: int) -> None:
+    """Arms compared step for step must train on as many tokens per step. Under several processes an engine
+    arm (Ouroboros, a pipeline) splits the processes otherwise than a data-parallel arm: refused in one line."""
+    seen = {a: tokens_per_step(c, world) for a, c in cfgs.items()}
+    first = next(iter(seen))
+    for a, n in seen.items():
+        if n != seen[first]:
+            raise ConfigError(f"on {world} processes arm {a} sees {n:,} tokens per step and arm {first} "
+                              f"{seen[first]:,} (they split the processes differently), so the table would compare "
+                              "unequal data; run the comparison on one process (python -m accellib.compare ...), "
+                              "or compare arms of one kind under torchrun")
+
+
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k), b.get(k)
@@ -245,6 +267,8 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     base_cfg = None if base in cfgs else arm_configs(config, [base], overrides)[base]
     if base_cfg is not None:
         check_data({base: base_cfg})
+    if ps.num_processes > 1:
+        check_same_data(cfgs if base_cfg is None else {base: base_cfg, **cfgs}, ps.num_processes)
     runs, plan = plan_runs(cfgs, seeds, budget, ps.num_processes, stored, base_cfg)
 
     def decide():

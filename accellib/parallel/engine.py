@@ -47,6 +47,11 @@ class Engine(Technique):
         self.dp_world, self.dp_rank = 1, 0   # data-parallel size and index (whole pipelines / rings)
         self.device = torch.device("cpu")    # build() sets the accelerator's device
 
+    def data_parallel(self, world: int) -> int:
+        """How many data-parallel replicas (self.dp_world after build) `world` processes make, each with
+        micro-batches of its own: 1 for an engine whose processes all work on one batch (the default)."""
+        return 1
+
     def build(self, model: Transformer, accelerator) -> None:
         """Make the process groups and stages of this process, set self.device, and call assign()."""
         raise NotImplementedError

@@ -351,6 +351,9 @@ class LayeredAccumulation(Engine):
         return losses
 
     # ------------------------------------------------------------------ sharded: the engine interface
+    def data_parallel(self, world: int) -> int:
+        return world  # ZeRO: every process its own micro-batches, as plain data parallelism
+
     def build(self, model, accelerator) -> None:
         from .zero_layered import ShardedParams
         world = accelerator.num_processes
