@@ -59,6 +59,7 @@ class TrainState:
     # what each resume changed from config.yaml (options a resume may change, e.g. a lower optim.lr), as
     # [{"step": k, "changes": {"optim.lr": [old, new]}}]: steps after k trained with the new values
     resumes: list = field(default_factory=list)
+    best_loss: float = math.inf  # the lowest logged training loss (window mean): divergence is judged against it
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -334,6 +335,18 @@ class Trainer:
         raise TrainingError(f"{what}; lower optim.lr (now {self.cfg.optim.lr}) or optim.weight_decay "
                             f"(now {self.cfg.optim.weight_decay}), or raise optim.warmup_steps; {kept}")
 
+    def _divergence(self, loss: float) -> str | None:
+        """A warning when the window's training loss is over 1 nat above the lower of the best logged so far
+        and the uniform prediction's (where a random model starts); numbers already read at this log step."""
+        st, o = self.state, self.cfg.optim
+        ref = min(st.best_loss, self.task.uniform_loss())
+        st.best_loss = min(st.best_loss, loss)
+        if loss <= ref + 1.0:
+            return None
+        return (f"training loss {loss:.3f} is {loss - ref:.2f} nats above {ref:.3f} (the lower of its best so far "
+                f"and the uniform prediction's): the run is diverging; lower optim.lr (now {o.lr}), raise "
+                f"optim.warmup_steps (now {o.warmup_steps}) or clip with optim.grad_clip (now {o.grad_clip})")
+
     def weights_finite(self) -> bool:
         flags = torch.stack([p.detach().isfinite().all() for p in self.model.parameters()])
         ok = flags.all().float()
@@ -537,6 +550,9 @@ class Trainer:
                 rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
                 rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
                 rec.update(self._efficiency(st.win_flops, st.win_wall))
+                warning = self._divergence(st.win_loss / st.win_steps)
+                if warning:
+                    rec["warning"] = warning
                 st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
                 st.win_metrics, st.win_flops = {}, 0.0
                 if do_eval:
@@ -545,6 +561,11 @@ class Trainer:
                 self._log(rec)
                 if not t.progress:  # without a bar the console must still show the run is alive
                     self.accelerator.print(log_line(rec, t.steps), flush=True)
+                if warning:
+                    if self.is_main:
+                        tqdm.write(f"warning: step {st.step}: {warning}")
+                    if t.stop_on_divergence:
+                        self._diverged(f"{warning} (train.stop_on_divergence)")
                 final = rec
             if self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
                 self.save()
