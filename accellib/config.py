@@ -287,6 +287,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.init_from={m.init_from!r} is not hf:PATH_OR_NAME, e.g. hf:gpt2 or hf:runs/x/hf")
     if m.init_from and m.kind != "gpt":
         raise ConfigError(f"model.init_from loads a causal GPT-2 and needs model.kind=gpt, not {m.kind}")
+    if "/" in cfg.log.project or "\\" in cfg.log.project or cfg.log.project in (".", ".."):
+        raise ConfigError(f"log.project={cfg.log.project!r} would put the trackers' files outside <run>/tensorboard/; "
+                          "give a plain name without / or .., e.g. --log.project=tiny")
     if cfg.train.compile == "blocks" and m.kind in ("cnn", "mlp"):
         raise ConfigError(f"train.compile=blocks compiles transformer blocks, and model.kind={m.kind} has none; "
                           "use train.compile=none")

@@ -216,3 +216,12 @@ def test_a_resume_records_what_it_changed(finished_run, capsys):
     assert rec["final"]["step"] == 4 and rec["config"]["train"]["steps"] == 4
     assert rec["resumes"] == [dict(step=2, changes={"optim.lr": [lr, 0.001], "train.steps": [2, 3]}),
                               dict(step=3, changes={"optim.lr": [lr, 0.001], "train.steps": [2, 4]})]
+
+
+@pytest.mark.parametrize("project", ["../..", "a/b", ".."])
+def test_a_tracker_project_that_leaves_the_run_folder_is_one_line(project, tiny_data_dir, tmp_path, capsys):
+    # issue 26: before, --log.project=../.. wrote TensorBoard files outside the run folder
+    err = one_line(capsys, ["--out", str(tmp_path / "r")] + tiny_overrides(tiny_data_dir) +
+                   ["--log.trackers=tensorboard", f"--log.project={project}"])
+    assert f"log.project={project!r}" in err and "plain name" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
