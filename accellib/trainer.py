@@ -255,10 +255,9 @@ class Trainer:
         for k, v in self.step_metrics.items():  # e.g. accuracy: the mean over micro-batches and processes
             v = torch.stack(v).float().mean()
             metrics[k] = acc.reduce(v, "mean") if self.engine is None else v
-        # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
+        # the pre-clip global gradient norm; max_norm=inf leaves the gradients untouched (no clipping is bitwise none)
         max_norm = cfg.optim.grad_clip or float("inf")
-        norm = (acc.clip_grad_norm_(self.model.parameters(), max_norm) if self.engine is None
-                else self.engine.clip_grad_norm_(max_norm))
+        norm = self.clip_grad_norm_(max_norm) if self.engine is None else self.engine.clip_grad_norm_(max_norm)
         self.last_grad_norm = torch.as_tensor(norm, dtype=torch.float32, device=acc.device).detach()
         self._accumulate(loss.detach(), self.last_grad_norm, metrics)
         lr = self.lr_schedule(st)
@@ -285,6 +284,25 @@ class Trainer:
             self._prefetched = (st.step, self.batches(st.step))
         st.wall += time.perf_counter() - t0
         return loss
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """The standard step's clip: the global norm computed as every engine computes it
+        (accellib/parallel/engine.py global_grad_norm: per-parameter float64 sums of squares in the
+        model's parameter order, one sqrt), so an engine that computes the same gradients (Ouroboros
+        with one module, a pipeline, ZeRO's shards) clips to the same bits. DDP's gradients are already
+        the same on every process: no collective. Distributed types that own the gradients themselves
+        (FSDP, DeepSpeed, XLA) keep Accelerate's clip_grad_norm_."""
+        from accelerate.utils import DistributedType
+
+        from .parallel.engine import clip_grads, global_grad_norm, unique_params
+        acc = self.accelerator
+        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA):
+            return acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        acc.unscale_gradients()   # an fp16 GradScaler's scale out first (a no-op otherwise), as Accelerate does
+        params = unique_params([self.model])
+        total = global_grad_norm(list(enumerate(p.grad for p in params)), len(params), acc.device)
+        clip_grads(params, total, max_norm)
+        return total
 
     def _accumulate(self, loss: torch.Tensor, grad_norm: torch.Tensor, metrics: dict) -> None:
         """Add one step to the device-side window: loss and metric sums in float64 (a sum of float32

@@ -364,9 +364,12 @@ class LayeredAccumulation(Engine):
         seg_params, _ = segments(model)
         self.sharded = ShardedParams([p for ps in seg_params for _, p in ps], world, self.dp_rank,
                                      dist.new_group(list(range(world))), self._link())
-        # Engine.clip_grad_norm_: one part per process (its shards), combined into the global norm
-        self.model, self.n_parts, self.counted = model, world, [self.dp_rank]
+        # Engine.clip_grad_norm_: every process adds its shards' sums of squares into their parameters' slots
+        from .engine import model_slots
+        slot = model_slots(model)
+        self.model, self.counted = model, [self.dp_rank]
         self.part = {id(s): self.dp_rank for s in self.sharded.shards}
+        self.norm_slot = {id(s): slot[id(p)] for p, s in zip(self.sharded.params, self.sharded.shards)}
 
     def parameters(self):
         return self.sharded.shards
