@@ -201,7 +201,8 @@ def export_run(run_dir: str | Path, out: str | Path, data: str | Path | None = N
     if why is not None:
         fix = ("pass the folder it moved to with --data DIR, or restore it there, and export again" if data is None
                else "give the run's token folder with --data DIR")
-        notes.append(f"no tokenizer exported: {why} (data.path in {run_dir / 'config.yaml'}: {cfg.data.path}); {fix}")
+        src = f"the run's data.path, {run_dir / 'config.yaml'}" if data is None else "--data"
+        notes.append(f"no tokenizer exported: {why} ({src}); {fix}")
     eos = tok.eos_token_id if tok is not None else None
     # the tokenizer's ids, without the model's padding rows; no tokenizer: every row (none is known to be padding)
     n_ids = min(len(tok), cfg.model.vocab_size) if tok is not None else cfg.model.vocab_size
