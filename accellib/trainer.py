@@ -24,7 +24,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import fsdp_requested, make_accelerator, tracking_kwargs
 from .model import Plan
@@ -57,6 +57,10 @@ class TrainState:
     win_grad_norm: float = 0.0   # largest pre-clip gradient norm in the window (spikes show here first)
     win_flops: float = 0.0       # FLOPs of the window's steps (for its MFU)
     win_metrics: dict = field(default_factory=dict)  # the task's train metrics summed over the window (e.g. acc)
+    # what each resume changed from config.yaml (options a resume may change, e.g. a lower optim.lr), as
+    # [{"step": k, "changes": {"optim.lr": [old, new]}}]: steps after k trained with the new values
+    resumes: list = field(default_factory=list)
+    best_loss: float = math.inf  # the lowest logged training loss (window mean): divergence is judged against it
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -267,10 +271,9 @@ class Trainer:
         for k, v in self.step_metrics.items():  # e.g. accuracy: the mean over micro-batches and processes
             v = torch.stack(v).float().mean()
             metrics[k] = acc.reduce(v, "mean") if self.engine is None else v
-        # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
+        # the pre-clip global gradient norm; max_norm=inf leaves the gradients untouched (no clipping is bitwise none)
         max_norm = cfg.optim.grad_clip or float("inf")
-        norm = (acc.clip_grad_norm_(self.model.parameters(), max_norm) if self.engine is None
-                else self.engine.clip_grad_norm_(max_norm))
+        norm = self.clip_grad_norm_(max_norm) if self.engine is None else self.engine.clip_grad_norm_(max_norm)
         if self.fsdp:  # FSDP2's norm is a DTensor over the shards' norms: the full value (a collective, no host read)
             norm = norm.full_tensor()
         self.last_grad_norm = torch.as_tensor(norm, dtype=torch.float32, device=acc.device).detach()
@@ -310,6 +313,25 @@ class Trainer:
             st.wall += now - self._clock
             st.win_wall += now - self._clock
         self._clock = now
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """The standard step's clip: the global norm computed as every engine computes it
+        (accellib/parallel/engine.py global_grad_norm: per-parameter float64 sums of squares in the
+        model's parameter order, one sqrt), so an engine that computes the same gradients (Ouroboros
+        with one module, a pipeline, ZeRO's shards) clips to the same bits. DDP's gradients are already
+        the same on every process: no collective. Distributed types that own the gradients themselves
+        (FSDP, DeepSpeed, XLA) keep Accelerate's clip_grad_norm_."""
+        from accelerate.utils import DistributedType
+
+        from .parallel.engine import clip_grads, global_grad_norm, unique_params
+        acc = self.accelerator
+        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA):
+            return acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        acc.unscale_gradients()   # an fp16 GradScaler's scale out first (a no-op otherwise), as Accelerate does
+        params = unique_params([self.model])
+        total = global_grad_norm(list(enumerate(p.grad for p in params)), len(params), acc.device)
+        clip_grads(params, total, max_norm)
+        return total
 
     def _accumulate(self, loss: torch.Tensor, grad_norm: torch.Tensor, metrics: dict) -> None:
         """Add one step to the device-side window: loss and metric sums in float64 (a sum of float32
@@ -359,6 +381,18 @@ class Trainer:
             kept = f"the last good checkpoint (step {self.saved_step}) is kept in {self.checkpoint_dir() / 'last'}"
         raise TrainingError(f"{what}; lower optim.lr (now {self.cfg.optim.lr}) or optim.weight_decay "
                             f"(now {self.cfg.optim.weight_decay}), or raise optim.warmup_steps; {kept}")
+
+    def _divergence(self, loss: float) -> str | None:
+        """A warning when the window's training loss is over 1 nat above the lower of the best logged so far
+        and the uniform prediction's (where a random model starts); numbers already read at this log step."""
+        st, o = self.state, self.cfg.optim
+        ref = min(st.best_loss, self.task.uniform_loss())
+        st.best_loss = min(st.best_loss, loss)
+        if loss <= ref + 1.0:
+            return None
+        return (f"training loss {loss:.3f} is {loss - ref:.2f} nats above {ref:.3f} (the lower of its best so far "
+                f"and the uniform prediction's): the run is diverging; lower optim.lr (now {o.lr}), raise "
+                f"optim.warmup_steps (now {o.warmup_steps}) or clip with optim.grad_clip (now {o.grad_clip})")
 
     def weights_finite(self) -> bool:
         # FSDP2's parameters are DTensors: each process checks its own shards, the reduce below covers them all
@@ -485,6 +519,17 @@ class Trainer:
         if self.accelerator.trackers:  # the same numbers, live (trackers only exist on the main process)
             self.accelerator.log({k: v for k, v in rec.items() if k != "step" and _is_number(v)}, step=rec["step"])
 
+    def _note_resume(self) -> None:
+        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml."""
+        stored = self.out / "config.yaml"
+        if not stored.is_file():
+            return
+        old, new = load_config(stored).to_dict(), self.cfg.to_dict()
+        changes = {f"{s}.{k}": [v, new[s][k]] for s, d in old.items() for k, v in d.items()
+                   if new[s][k] != v and (s, k) != ("model", "vocab_size")}
+        if changes != (self.state.resumes[-1]["changes"] if self.state.resumes else {}):
+            self.state.resumes.append(dict(step=self.state.step, changes=changes))
+
     def _start_trackers(self, resume: bool) -> None:
         """Start log.trackers for this fit (Accelerate does it on the main process only), with the run's
         config as hyper-parameters. On resume TensorBoard hides what was logged after the checkpoint
@@ -546,6 +591,10 @@ class Trainer:
             check_shared_run_dir(self.accelerator, self.out)
         if resume:
             self.load(self.out)
+            if st.step > t.steps:  # nothing to train, and the records would say t.steps of a longer run
+                raise ConfigError(f"the run in {self.out} has reached step {st.step}; --train.steps={t.steps} would "
+                                  f"train nothing: give at least {st.step} steps, or drop it")
+            self._note_resume()
             if self.is_main:  # drop log lines written after the checkpoint
                 _truncate_metrics(self.out / "metrics.jsonl", st.step)
         elif self.out is not None and self.is_main:
@@ -572,6 +621,9 @@ class Trainer:
                 rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
                 rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
                 rec.update(self._efficiency(st.win_flops, st.win_wall))
+                warning = self._divergence(st.win_loss / st.win_steps)
+                if warning:
+                    rec["warning"] = warning
                 st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
                 st.win_metrics, st.win_flops = {}, 0.0
                 if do_eval:
@@ -580,6 +632,11 @@ class Trainer:
                 self._log(rec)
                 if not t.progress:  # without a bar the console must still show the run is alive
                     self.accelerator.print(log_line(rec, t.steps), flush=True)
+                if warning:
+                    if self.is_main:
+                        tqdm.write(f"warning: step {st.step}: {warning}")
+                    if t.stop_on_divergence:
+                        self._diverged(f"{warning} (train.stop_on_divergence)")
                 final = rec
             save = self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0))
             if save:
