@@ -32,7 +32,7 @@ from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overr
 from .tasks import make_task
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
-from .run_dir import file_lock, has_checkpoint, holds_run, main_decides
+from .run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
 from .stats import mean_sd, paired
 from .train import USER_ERRORS, report, training_function
 
@@ -109,6 +109,28 @@ def check_data(cfgs: dict[str, RunConfig]) -> None:
         task.configure()
 
 
+def tokens_per_step(cfg: RunConfig, world: int) -> int:
+    """Tokens one optimizer step of `cfg` trains on `world` processes: data-parallel replicas (every
+    process for a plain run; an engine's own count, e.g. 1 for an Ouroboros ring) x batch x accumulation."""
+    from .techniques import build_techniques
+    engine = next((t for t in build_techniques(cfg) if getattr(t, "splits_model", False)), None)
+    dp = world if engine is None else engine.data_parallel(world)
+    return dp * cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+
+
+def check_same_data(cfgs: dict[str, RunConfig], world: int) -> None:
+    """Arms compared step for step must train on as many tokens per step. Under several processes an engine
+    arm (Ouroboros, a pipeline) splits the processes otherwise than a data-parallel arm: refused in one line."""
+    seen = {a: tokens_per_step(c, world) for a, c in cfgs.items()}
+    first = next(iter(seen))
+    for a, n in seen.items():
+        if n != seen[first]:
+            raise ConfigError(f"on {world} processes arm {a} sees {n:,} tokens per step and arm {first} "
+                              f"{seen[first]:,} (they split the processes differently), so the table would compare "
+                              "unequal data; run the comparison on one process (python -m accellib.compare ...), "
+                              "or compare arms of one kind under torchrun")
+
+
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k), b.get(k)
@@ -127,7 +149,13 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
         raise ConfigError("--resume keeps finished arms and --overwrite replaces them; choose one")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the comparison")
+    if holds_run(out) or (out / LOCK).exists():  # a training's files, or a training taking the folder now
+        raise ConfigError(f"{out} is the folder of a training run, not of a comparison; give the comparison "
+                          "a folder of its own with --out")
     held = [n for n in cfgs if holds_run(out / n)]
+    if resume and not held and not (out / "budget.json").is_file():
+        raise ConfigError(f"{out} holds no comparison to resume; check --out, or start the comparison "
+                          "without --resume")
     if held and not (resume or overwrite):
         raise ConfigError(f"{out} already holds arm(s) {', '.join(held)}; continue the comparison with --resume, "
                           "or replace them with --overwrite (or choose another --out)")
@@ -239,6 +267,8 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     base_cfg = None if base in cfgs else arm_configs(config, [base], overrides)[base]
     if base_cfg is not None:
         check_data({base: base_cfg})
+    if ps.num_processes > 1:
+        check_same_data(cfgs if base_cfg is None else {base: base_cfg, **cfgs}, ps.num_processes)
     runs, plan = plan_runs(cfgs, seeds, budget, ps.num_processes, stored, base_cfg)
 
     def decide():

@@ -25,11 +25,13 @@ class ConfigError(ValueError):
 
 
 def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None, below: Any = None,
-        choices: Optional[list] = None, horizon: Optional[str] = None):
+        choices: Optional[list] = None, horizon: Optional[str] = None, resume: bool = False):
     """A dataclass field with help text and the allowed range/choices (`below`: a strict upper bound).
     `horizon` marks a schedule length that follows the run's length (see `with_horizon`): "steps" (a
-    number of optimizer steps, 0 = automatic) or "rate" (a per-step decay rate)."""
-    meta = dict(help=help, min=min, max=max, below=below, choices=choices, horizon=horizon)
+    number of optimizer steps, 0 = automatic) or "rate" (a per-step decay rate). `resume=True`: a
+    `--resume` may change it (cadences, logging, the machine, the optimizer's numbers, the length);
+    every other field is fixed for the run's life (accellib/train.py, resume_config)."""
+    meta = dict(help=help, min=min, max=max, below=below, choices=choices, horizon=horizon, resume=resume)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -40,46 +42,49 @@ class DataConfig:
     path: str = opt("data/shakespeare", "token-data folder written by data_scripts/")
     mlm_prob: float = opt(0.15, "masking probability for model.kind=mlm", min=0.01, max=0.9)
     verify: str = opt("cached", "checksums of the token files at start: cached = hash a file once, then trust it while "
-                      "its size and mtime are unchanged; full = hash every file at every start", choices=["cached", "full"])
+                      "its size, mtime, inode and ctime are unchanged; full = hash every file at every start", choices=["cached", "full"], resume=True)
 
 
 @dataclass
 class OptimConfig:
     name: str = opt("adamw", "adamw, or sgd (the standardization-loss paper's MNIST protocol; momentum below)",
                     choices=["adamw", "sgd"])
-    momentum: float = opt(0.0, "sgd only: heavy-ball momentum, in [0, 1)", min=0.0, below=1.0)
-    lr: float = opt(5e-3, "peak learning rate", min=0.0, max=1.0)
-    min_lr_ratio: float = opt(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
-    warmup_steps: int = opt(20, "linear warm-up, in optimizer steps", min=0)
-    weight_decay: float = opt(0.1, "weight decay of matrices and conv kernels (AdamW: decoupled; sgd: L2)", min=0.0)
-    beta1: float = opt(0.9, "AdamW beta1, in [0, 1)", min=0.0, below=1.0)
-    beta2: float = opt(0.95, "AdamW beta2, in [0, 1)", min=0.0, below=1.0)
-    grad_clip: float = opt(1.0, "global grad-norm clip; 0 disables", min=0.0)
+    momentum: float = opt(0.0, "sgd only: heavy-ball momentum, in [0, 1)", min=0.0, below=1.0, resume=True)
+    lr: float = opt(5e-3, "peak learning rate", min=0.0, max=1.0, resume=True)
+    min_lr_ratio: float = opt(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0, resume=True)
+    warmup_steps: int = opt(20, "linear warm-up, in optimizer steps", min=0, resume=True)
+    weight_decay: float = opt(0.1, "weight decay of matrices and conv kernels (AdamW: decoupled; sgd: L2)", min=0.0, resume=True)
+    beta1: float = opt(0.9, "AdamW beta1, in [0, 1)", min=0.0, below=1.0, resume=True)
+    beta2: float = opt(0.95, "AdamW beta2, in [0, 1)", min=0.0, below=1.0, resume=True)
+    grad_clip: float = opt(1.0, "global grad-norm clip; 0 disables", min=0.0, resume=True)
 
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(300, "optimizer steps", min=1)
+    steps: int = opt(300, "optimizer steps", min=1, resume=True)
     batch_size: int = opt(32, "sequences per micro-batch per process", min=1)
     grad_accum: int = opt(1, "micro-batches per optimizer step", min=1)
-    eval_every: int = opt(50, "evaluate every N steps (and at the end); 0 = only at the end", min=0)
+    eval_every: int = opt(50, "evaluate every N steps (and at the end); 0 = only at the end", min=0, resume=True)
     eval_windows: int = opt(64, "fixed validation windows per evaluation", min=1)
-    log_every: int = opt(10, "train-loss log interval in steps", min=1)
-    checkpoint_every: int = opt(100, "checkpoint every N steps (always at the end); 0 = end only", min=0)
+    log_every: int = opt(10, "train-loss log interval in steps", min=1, resume=True)
+    checkpoint_every: int = opt(100, "checkpoint every N steps (always at the end); 0 = end only", min=0, resume=True)
     seed: int = opt(1337, "seed for init, data order and technique randomness", min=0)
     precision: str = opt("auto", "auto = bf16 on a bf16-capable GPU, else fp32",
                          choices=["auto", "fp32", "bf16"])
-    progress: bool = opt(True, "tqdm progress bar on the main process; false = one log line per log_every steps")
+    progress: bool = opt(True, "tqdm progress bar on the main process; false = one log line per log_every steps", resume=True)
     device: str = opt("auto", "auto = CUDA when present, else CPU; cuda = refuse to run without CUDA "
                       "(the full-scale configs); cpu = the CPU even when CUDA is present",
-                      choices=["auto", "cuda", "cpu"])
-    threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0)
+                      choices=["auto", "cuda", "cpu"], resume=True)
+    threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0, resume=True)
     compile: str = opt("none", "none, or blocks = torch.compile each transformer block on its own, so a technique's "
-                       "changing plan (skipped blocks, PLD scales, kept tokens) reuses a few graphs", choices=["none", "blocks"])
+                       "changing plan (skipped blocks, PLD scales, kept tokens) reuses a few graphs", choices=["none", "blocks"], resume=True)
     compile_backend: str = opt("inductor", "torch.compile backend of train.compile (eager / aot_eager: to debug)",
-                               choices=["inductor", "aot_eager", "eager"])
+                               choices=["inductor", "aot_eager", "eager"], resume=True)
     peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "
-                            "accellib/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0)
+                            "accellib/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0, resume=True)
+    stop_on_divergence: bool = opt(False, "stop the run (one-line error, the last checkpoint kept) at a log step whose "
+                                   "training loss is over 1 nat above the lower of its best so far and the uniform "
+                                   "prediction's; false = a warning on the console and in metrics.jsonl", resume=True)
     flops_budget: float = opt(0.0, "also stop once the training FLOPs (all processes) reach this; 0 = off "
                               "(compare --budget flops sets it to the baseline's)", min=0.0)
 
@@ -92,8 +97,8 @@ class LogConfig:
     trackers: list[str] = opt([], "live experiment trackers through Accelerate, sent the numbers of metrics.jsonl "
                               "(which stays the record); tensorboard writes <run>/tensorboard/<project>/ (view: "
                               "tensorboard --logdir runs); e.g. --log.trackers=tensorboard,wandb; [] = none",
-                              choices=TRACKERS)
-    project: str = opt("", "the trackers' project name (TensorBoard: its subfolder); '' = the run folder's name")
+                              choices=TRACKERS, resume=True)
+    project: str = opt("", "the trackers' project name (TensorBoard: its subfolder); '' = the run folder's name", resume=True)
 
 
 MODEL_HELP = dict(
@@ -282,6 +287,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.init_from={m.init_from!r} is not hf:PATH_OR_NAME, e.g. hf:gpt2 or hf:runs/x/hf")
     if m.init_from and m.kind != "gpt":
         raise ConfigError(f"model.init_from loads a causal GPT-2 and needs model.kind=gpt, not {m.kind}")
+    if "/" in cfg.log.project or "\\" in cfg.log.project or cfg.log.project in (".", ".."):
+        raise ConfigError(f"log.project={cfg.log.project!r} would put the trackers' files outside <run>/tensorboard/; "
+                          "give a plain name without / or .., e.g. --log.project=tiny")
     if cfg.train.compile == "blocks" and m.kind in ("cnn", "mlp"):
         raise ConfigError(f"train.compile=blocks compiles transformer blocks, and model.kind={m.kind} has none; "
                           "use train.compile=none")
@@ -323,5 +331,6 @@ def help_text() -> str:
         for f in fields(obj):
             meta = _meta(section, f)
             extra = f" (one of {meta['choices']})" if meta.get("choices") else ""
+            extra += " [a --resume may change it]" if meta.get("resume") else ""
             lines.append(f"  --{section}.{f.name}={getattr(obj, f.name)!r:<14} {meta.get('help', '')}{extra}")
     return "\n".join(lines)

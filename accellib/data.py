@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from . import REPO_ROOT as _ROOT  # the repo, where data/ and data_scripts/ live
 
@@ -93,6 +94,32 @@ def prepare_hint(data_dir: str | Path, created_by: str | None = None, force: boo
     return f"run `{cmd}{' --force' if force else ''}`" if at_default else f"run `{cmd} {out}`"
 
 
+_READERS = {"images": "image data, which model.kind=vit, cnn or mlp reads",
+            "tokens": "token data, which model.kind=gpt or mlm reads"}
+
+
+def other_kind(data_dir: Path, meta, wanted: str) -> str | None:
+    """A one-line reason when meta.json says `data_dir` holds another kind of data than `wanted`
+    ("tokens" or "images"), else None. It never suggests rebuilding the folder: that would replace
+    a dataset another config reads. It names the repo's configs that read the folder."""
+    if not isinstance(meta, dict):
+        return None
+    kind = "images" if meta.get("kind") == "images" else "tokens" if "tokenizer" in meta else None
+    if kind is None or kind == wanted:
+        return None
+    users = []
+    for p in sorted((_ROOT / "configs").glob("*.yaml")):
+        try:
+            path = (yaml.safe_load(p.read_text()) or {}).get("data", {}).get("path")
+            if path and (_ROOT / path).resolve() == data_dir.resolve():
+                users.append(f"configs/{p.name}")
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            continue
+    read_by = f" (read by {', '.join(users[:3])}{', ...' if len(users) > 3 else ''})" if users else ""
+    return (f"{data_dir} holds {_READERS[kind]}{read_by}; point --data.path at a folder of "
+            f"{_READERS[wanted].split(',')[0]} instead")
+
+
 def _scan(path: Path, ids: bool) -> tuple[str, int]:
     """(sha256, largest uint16 id or -1) of a file in one read; the max costs little beside the hash."""
     h, top = hashlib.sha256(), -1
@@ -138,17 +165,19 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
 
       "full"    hash every file in meta.json's sha256 and check every token id is below its
                 vocab_size: one read of every byte, about 1 s per GB (18 GB for OpenWebText)
-      "cached"  the same, but a file hashed before is trusted while its size, mtime and
-                meta.json's sha256 for it are unchanged: the start-up cost is paid once per folder
+      "cached"  the same, but a file hashed before is trusted while its size, mtime, inode, change
+                time (ctime) and meta.json's sha256 for it are unchanged: the start-up cost is paid
+                once per folder
       True      = "full" (what True meant before the cache existed); False: no hashing at all
 
-    The cache is <data_dir>/.verified.json, {file: {size, mtime_ns, sha256, max_id}}, written only
-    after every file passed (a failure is never cached). Rewriting, touching or rebuilding a file
-    changes its mtime, and a changed meta.json changes the expected sha256, so both are hashed
-    again; the cached max_id is still checked against the current vocab_size. A file modified less
-    than 2 s ago is hashed but not cached yet, as its mtime might still repeat. What the cache
-    cannot see: a file changed in place with the same size and its mtime set back (e.g. by a tool
-    that restores timestamps). Use verify="full" (--data.verify=full) when that may have happened."""
+    The cache is <data_dir>/.verified.json, {file: {size, mtime_ns, ino, ctime_ns, sha256, max_id}},
+    written only after every file passed (a failure is never cached). Any write to a file, and any
+    setting of its mtime (cp -p, rsync -t, os.utime), changes its ctime, which no user tool sets back;
+    a copied or replaced file has another inode; a changed meta.json changes the expected sha256: all
+    are hashed again. The cached max_id is still checked against the current vocab_size. A file
+    modified less than 2 s ago is hashed but not cached yet, as its mtime might still repeat. What the
+    cache cannot see: bytes that change without the file system knowing (bit rot, a failing disk, a
+    write to the raw device). Use verify="full" (--data.verify=full) when that may have happened."""
     if verify is True:
         verify = "full"
     if verify not in (False, "cached", "full"):
@@ -159,6 +188,8 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
         raise DataError(f"no token data in {data_dir}: {prepare_hint(data_dir, force=False)}")
     try:
         meta = json.loads(meta_path.read_text())
+        if why := other_kind(data_dir, meta, "tokens"):
+            raise DataError(why)
         fix = prepare_hint(data_dir, meta.get("created_by"))
         counts = {split: int(meta[f"n_{split}"]) for split in ("train", "val")}
         vocab_size = int(meta["vocab_size"])
@@ -186,7 +217,8 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
                 st = path.stat()  # before reading: a write during the hash leaves a newer mtime
             except OSError:
                 raise DataError(f"{path} is missing (meta.json lists its sha256): {fix}") from None
-            stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": expected}
+            stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
+                     "sha256": expected}
             entry = cache.get(name)
             if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
                     and type(entry.get("max_id")) is int:

@@ -135,6 +135,8 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
     {"tasks": {task: {metric: value}}, "table": text, ...}. progress=False hides the harness's progress
     bars and notices (one bar per document of a rolling task)."""
     run_dir = Path(run_dir)
+    if limit is not None and limit < 1:
+        raise EvaluateError(f"--limit {limit} scores no document; give at least 1, or leave it out to score every document")
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM

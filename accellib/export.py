@@ -1,6 +1,7 @@
 """To and from HuggingFace transformers: an accellib GPT is a GPT-2, up to two layout details.
 
     python -m accellib.export RUN_DIR --out DIR       # a GPT2LMHeadModel folder (+ tokenizer) from any run
+        [--data DATA_DIR]                             # the run's token folder, if data.path has moved
     --model.init_from=hf:PATH_OR_NAME                 # start training from a GPT-2 checkpoint (LMTask.configure)
 
 What maps one-to-one (parameter names follow GPT-2, see accellib/model.py):
@@ -19,6 +20,11 @@ What is refused, in one line (`ExportError`), rather than exported to a model th
 else: masked-LM runs (`kind=mlm`: bidirectional attention, no GPT-2 equivalent), image models, and
 transformers without LayerNorm (`norm=none`, the standardization-loss variant).
 
+What a GPT-2 folder cannot carry is said, one line each, on the command's output and in the provenance
+file (accellib_export.json: run, step, data folder, tokenizer, `lowp_dropped`, `notes`): a low-precision
+run (`lowp`) exports its weights to an fp32 model, the emulated (or FP8) numerics dropped; a run whose
+corpus moved (data.path gone) exports without a tokenizer unless `--data DIR` names the folder.
+
 The exported folder is written next to its destination and swapped in whole, after its logits were
 checked against accellib's on validation windows: a failed or killed export leaves DIR as it was.
 """
@@ -33,7 +39,7 @@ import torch
 
 from .config import ConfigError, load_config
 from .model import ModelConfig, Transformer
-from .run_dir import checkpoint_folder
+from .run_dir import checkpoint_folder, checkpoint_layout
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # the second is torch's tanh GELU, as ours
@@ -124,21 +130,37 @@ def run_weights(run_dir: Path) -> tuple[object, dict, int]:
         f, step = run_dir / f"stage_{last}" / "final_model.pt", prog["done"][last]["step"]
     else:
         src = checkpoint_folder(run_dir)
-        f = next((p for p in (src / "model.safetensors", src / "pytorch_model.bin") if p.is_file()), None) if src else None
-        if f is None:
+        found = checkpoint_layout(src) if src else None
+        if found is None:
             raise ExportError(f"{run_dir} has no checkpoint (checkpoints/last); train it first")
-        step = None
+        f, step = found[1], None
     try:
-        if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            sd = load_file(f)
-        else:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
+        sd = model_state_dict(f)
     except Exception as e:
         raise ExportError(f"{f} cannot be read ({type(e).__name__}); restore it or train the run again") from None
     if step is None:
         step = _checkpoint_step(f.parent)
     return cfg, {k: v.float() for k, v in sd.items()}, step
+
+
+def model_state_dict(f: Path) -> dict:
+    """The plain model's state dict (the keys of Transformer.state_dict()) from a checkpoint's model file
+    (accellib.run_dir.checkpoint_layout): a data-parallel launch's model.safetensors / pytorch_model.bin, an FSDP
+    launch's pytorch_model_fsdp.bin (FULL_STATE_DICT), or its pytorch_model_fsdp_0/ folder of per-process shards
+    (SHARDED_STATE_DICT, torch.distributed.checkpoint), merged here in one process without a process group."""
+    f = Path(f)
+    if f.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(f)
+    if f.is_dir():
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(f, Path(tmp) / "model.pt")
+            sd = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=True)
+        return sd["model"]  # Accelerate saves {"model": state_dict}
+    return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def _checkpoint_step(ck: Path) -> int | None:
@@ -149,27 +171,62 @@ def _checkpoint_step(ck: Path) -> int | None:
         return None
 
 
-def export_run(run_dir: str | Path, out: str | Path) -> dict:
+def lowp_note(cfg) -> tuple[dict | None, str | None]:
+    """(the run's lowp section, a one-line note) when it trained under low-precision numerics, which a
+    GPT-2 checkpoint cannot carry; (None, None) otherwise."""
+    import dataclasses
+    lp = cfg.techniques.get("lowp")
+    if lp is None or not lp.enabled:
+        return None, None
+    if lp.backend == "torchao":
+        how = "real FP8 GEMMs (torchao.float8, fp32 master weights)"
+    else:
+        how = (f"{lp.operand} operands and {lp.acc} accumulation (chunk {lp.chunk}), "
+               f"{lp.weights} weights, first/last Linear {'kept fp32' if lp.keep_first_last else 'emulated too'}")
+    return dataclasses.asdict(lp), (
+        f"the lowp emulation is dropped: the run computed with {how}; the export is an fp32 GPT-2 with the "
+        f"same weights, so its losses are not the run's val_loss (score the export itself, e.g. python -m "
+        f"accellib.evaluate RUN)")
+
+
+def export_run(run_dir: str | Path, out: str | Path, data: str | Path | None = None) -> dict:
     """Write `run_dir`'s model as a transformers GPT2LMHeadModel folder at `out`; returns the provenance
-    (also written as out/accellib_export.json), with the largest logit difference measured."""
+    (also written as out/accellib_export.json), with the largest logit difference measured. `data`: the
+    run's token folder, when its config's data.path has moved (the tokenizer comes from there).
+    `notes` in the provenance: one line each for what the export could not carry (the lowp numerics, a
+    tokenizer whose folder is gone)."""
     run_dir, out = Path(run_dir), Path(out)
     _transformers()  # a one-line error before anything else needs it
     cfg, sd, step = run_weights(run_dir)
+    if data is not None and not Path(data).is_dir():
+        raise ExportError(f"--data {data} does not exist; give the folder the run's corpus ({cfg.data.path}) "
+                          "moved to")
     model = Transformer(cfg.model)
     model.load_state_dict(sd, strict=True)
     model.eval()
     from .image_data import _data_scripts
     from .tokenizer_export import hf_tokenizer
     atomic_folder, _ = _data_scripts()
-    tok, tok_kind = hf_tokenizer(cfg.data.path, cfg.model)
+    lowp, note = lowp_note(cfg)
+    notes = [note] if note else []
+    data_path = Path(data) if data is not None else Path(cfg.data.path)
+    tok, tok_kind, why = hf_tokenizer(data_path, cfg.model)
+    if tok is not None and len(tok) > cfg.model.vocab_size:
+        raise ExportError(f"{data_path} has a {tok_kind} tokenizer of {len(tok)} ids but the model has "
+                          f"{cfg.model.vocab_size}: it is not the run's corpus; give the folder it trained on with --data")
+    if why is not None:
+        fix = ("pass the folder it moved to with --data DIR, or restore it there, and export again" if data is None
+               else "give the run's token folder with --data DIR")
+        src = f"the run's data.path, {run_dir / 'config.yaml'}" if data is None else "--data"
+        notes.append(f"no tokenizer exported: {why} ({src}); {fix}")
     eos = tok.eos_token_id if tok is not None else None
     # the tokenizer's ids, without the model's padding rows; no tokenizer: every row (none is known to be padding)
     n_ids = min(len(tok), cfg.model.vocab_size) if tok is not None else cfg.model.vocab_size
     hf_cfg = gpt2_config(cfg.model, eos, n_ids)
     try:
         with atomic_folder.staged_folder(out, FILES) as stage:  # swapped in whole only if the block ends normally
-            info = dict(run=str(run_dir), step=step, tokenizer=tok_kind, vocab_size=n_ids,
-                        padding_rows_dropped=cfg.model.vocab_size - n_ids,
+            info = dict(run=str(run_dir), step=step, data=str(data_path), tokenizer=tok_kind, vocab_size=n_ids,
+                        padding_rows_dropped=cfg.model.vocab_size - n_ids, lowp_dropped=lowp, notes=notes,
                         **_write_export(stage, model, sd, cfg.model, hf_cfg, tok))
             (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
     except FileExistsError as e:  # `out` holds files that are not an export
@@ -293,15 +350,22 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a run folder written by accellib.train (or a compare arm's folder)")
     ap.add_argument("--out", required=True, help="the transformers folder to write (replaced whole if it is an export)")
+    ap.add_argument("--data", help="the run's token folder, when its config's data.path has moved (the "
+                    "tokenizer is read from it)")
     a = ap.parse_args(argv)
     quiet_transformers()
     try:
-        info = export_run(a.run_dir, a.out)
+        info = export_run(a.run_dir, a.out, a.data)
     except (ExportError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    lowp = [n for n in info["notes"] if n.startswith("the lowp")]   # said on the line itself
     print(f"{a.run_dir} (step {info['step']}, {info['params']:,} parameters, {info['tokenizer'] or 'no'} tokenizer) "
-          f"-> {a.out}: GPT2LMHeadModel; largest logit difference from accellib {info['max_logit_diff']:.1e}")
+          f"-> {a.out}: GPT2LMHeadModel; largest logit difference from accellib {info['max_logit_diff']:.1e}"
+          + "".join(f"; {n}" for n in lowp))
+    for n in info["notes"]:
+        if n not in lowp:
+            print(f"note: {n}")
     return 0
 
 

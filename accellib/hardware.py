@@ -17,15 +17,28 @@ from functools import lru_cache
 
 import torch
 
-# dense (not 2:4 sparse) peak FLOP/s from the vendors' data sheets, by a substring of the device name
+# dense (not 2:4 sparse) peak FLOP/s from the vendors' data sheets, by a substring of the name torch reports
+# (torch.cuda.get_device_name), tried in this order: the first match wins, so a variant is listed before its
+# family. H100 data sheet: SXM 989 / PCIe 756 / NVL 835 TF/s bf16 (the sheet's 1979 / 1513 / 3341 are sparse,
+# NVL's for a pair of cards); B200 (HGX data sheet): 2.25 PF/s dense bf16, 1.1 PF/s dense TF32 (its fp32 figure
+# is not in the table: set train.peak_flops). A GPU or precision missing here gives no MFU: set train.peak_flops.
 PEAK_FLOPS = {
+    "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12),
+    "H100 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12),
+    "H200 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12),
     "H200": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM
-    "H100": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM; the PCIe card is lower: set train.peak_flops
+    "H100": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM ("NVIDIA H100 80GB HBM3")
+    "B200": dict(bf16=2250e12, tf32=1100e12),
     "A100": dict(bf16=312e12, tf32=156e12, fp32=19.5e12),
     "L40S": dict(bf16=362e12, tf32=183e12, fp32=91.6e12),
     "A10": dict(bf16=125e12, tf32=62.5e12, fp32=31.2e12),
     "4090": dict(bf16=165e12, tf32=82.6e12, fp32=82.6e12),
 }
+
+
+def table_peak(name: str, key: str) -> float | None:
+    """The table's peak for a device called `name` computing in `key` (bf16, tf32, fp32); None if absent."""
+    return next((v.get(key) for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
 @lru_cache(maxsize=None)
@@ -52,7 +65,7 @@ def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> f
         return None
     name = torch.cuda.get_device_name(device)
     key = "bf16" if precision == "bf16" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
-    return next((v[key] for k, v in PEAK_FLOPS.items() if k in name), None)
+    return table_peak(name, key)
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import REPO_ROOT as _ROOT
-from .data import DataError, _scan, _without_out
+from .data import DataError, _scan, _without_out, other_kind
 
 IMAGE_FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -110,6 +110,8 @@ def _parse_meta(data_dir: Path) -> tuple[dict, str, dict[str, int], tuple[int, i
     if not meta_path.is_file():
         raise DataError(f"no image data in {data_dir}: {image_hint(data_dir, force=False)}")
     meta = _read_meta(data_dir)
+    if why := other_kind(data_dir, meta, "images"):
+        raise DataError(why)
     try:
         fix = image_hint(data_dir, meta.get("created_by"))
         if meta.get("kind") != "images":

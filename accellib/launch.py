@@ -7,12 +7,16 @@
   `accelerate launch --cpu --num_processes N` is caught.
 - Techniques add the DDP kwargs they need (e.g. find_unused_parameters for layer dropping).
 - bf16 autocast when a bf16-capable GPU is present; fp32 on CPU.
+- FSDP2 when the launch asks for it (ACCELERATE_USE_FSDP from an FSDP `accelerate config`): the launch, not the
+  training config, decides, so one config runs data-parallel or sharded (fsdp_plugin; tests/test_fsdp.py).
 
 Launch commands that really give N synchronised processes:
     CPU:   ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
                --mixed_precision no --dynamo_backend no -m accellib.train ...
            torchrun --nproc_per_node 2 -m accellib.train ...
     GPUs:  accelerate launch --multi_gpu --num_processes 8 -m accellib.train ...
+    FSDP2: accelerate launch --config_file configs/accelerate/fsdp_8gpu.yaml -m accellib.train ...
+           accelerate launch --config_file configs/accelerate/fsdp_2proc_cpu.yaml -m accellib.train ...  (2 CPU processes)
 """
 from __future__ import annotations
 
@@ -110,16 +114,102 @@ def tracking_kwargs(trackers: list[str], run_dir) -> dict:
         project_dir=str(run_dir), logging_dir=str(Path(run_dir) / "tensorboard")))
 
 
+def check_dynamo(env=None) -> None:
+    """Refuse a whole-model torch.compile asked for by the launcher: `accelerate launch --dynamo_backend X`
+    (or an `accelerate config` default with dynamo on) sets ACCELERATE_DYNAMO_BACKEND, and Accelerate's
+    prepare() then compiles the whole model, whose program changes with every new plan of a technique
+    (PLD's skipped blocks): one recompile per pattern until torch's limit turns it back to eager
+    (tests/test_efficiency.py). train.compile=blocks is the compile accellib runs and gpu_check measures."""
+    backend = (os.environ if env is None else env).get("ACCELERATE_DYNAMO_BACKEND", "no")
+    if backend.strip().lower() not in ("", "no"):
+        raise LaunchError(f"the launcher asks for a whole-model compile (ACCELERATE_DYNAMO_BACKEND={backend}, from "
+                          "`accelerate launch --dynamo_backend` or `accelerate config`), which recompiles for every "
+                          "new technique plan; launch with --dynamo_backend no and set train.compile=blocks "
+                          "(the full-scale configs do) to compile each block and the head+loss")
+
+
+FSDP_CONFIGS = "configs/accelerate/fsdp_2proc_cpu.yaml (2 CPU processes) or configs/accelerate/fsdp_8gpu.yaml"
+
+
+def _env_true(env, key: str, default: str = "false") -> bool:
+    return env.get(key, default).strip().lower() in ("1", "true", "yes")
+
+
+def fsdp_requested(env=None) -> bool:
+    """Does the launch ask for FSDP? `accelerate launch` with an FSDP config (distributed_type: FSDP) or with
+    --use_fsdp sets ACCELERATE_USE_FSDP=true and its fsdp_config as FSDP_* variables in every process."""
+    return _env_true(os.environ if env is None else env, "ACCELERATE_USE_FSDP")
+
+
+def fsdp_plugin(env=None):
+    """The FullyShardedDataParallelPlugin of an FSDP launch: FSDP2 (torch's fully_shard), one FSDP unit per
+    transformer Block (the embeddings, final LayerNorm and tied head form the root unit), no FSDP parameter
+    casting (MixedPrecisionPolicy() keeps fp32 all-gathers and fp32 gradient reduce-scatters; a bf16 run
+    computes under accelerator.autocast() as the DDP path does, so the residual stream and the embeddings stay
+    fp32). The state-dict type (SHARDED_STATE_DICT: torch.distributed.checkpoint, one file per process;
+    FULL_STATE_DICT: one file gathered on the main process) and reshard_after_forward come from the launch.
+    What was not built or tested is refused in one line."""
+    env = os.environ if env is None else env
+    version = env.get("FSDP_VERSION", "1").strip()
+    if version != "2":
+        raise LaunchError(f"FSDP version {version} (FSDP_VERSION, fsdp_config.fsdp_version): accellib runs FSDP2 "
+                          f"only; set fsdp_version: 2 (see {FSDP_CONFIGS})")
+    policy = env.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP").strip().upper()
+    cls = env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "Block").strip()
+    if policy != "TRANSFORMER_BASED_WRAP" or cls != "Block":
+        raise LaunchError(f"fsdp_auto_wrap_policy={policy} with fsdp_transformer_layer_cls_to_wrap={cls}: accellib "
+                          "shards one FSDP unit per transformer block; set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP "
+                          f"and fsdp_transformer_layer_cls_to_wrap: Block (see {FSDP_CONFIGS})")
+    for key, what in (("FSDP_ACTIVATION_CHECKPOINTING", "fsdp_activation_checkpointing"),
+                      ("FSDP_OFFLOAD_PARAMS", "fsdp_offload_params"),
+                      ("FSDP_CPU_RAM_EFFICIENT_LOADING", "fsdp_cpu_ram_efficient_loading")):
+        if _env_true(env, key):
+            raise LaunchError(f"{what}: true is not supported by accellib's FSDP path (not built or tested); set it "
+                              f"to false (see {FSDP_CONFIGS})")
+    sdt = env.get("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT").strip().upper()
+    if sdt not in ("SHARDED_STATE_DICT", "FULL_STATE_DICT"):
+        raise LaunchError(f"fsdp_state_dict_type={sdt}: FSDP2 checkpoints are SHARDED_STATE_DICT or FULL_STATE_DICT")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                          transformer_cls_names_to_wrap=["Block"], state_dict_type=sdt,
+                                          mixed_precision_policy=MixedPrecisionPolicy())
+
+
+def _fsdp_on_cpu(acc, plugin) -> None:
+    """Accelerate 1.15 builds FSDP only for accelerators (state.py: the plugin is kept for MULTI_GPU and the like),
+    so on CPU processes (gloo) it would silently train DDP. Torch's fully_shard runs on gloo, and Accelerate's
+    FSDP2 code (prepare, clip_grad_norm_, save_state/load_state) is device-agnostic: set the distributed type
+    in both shared states exactly as Accelerate sets it on GPUs, before anything is prepared."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
                      **kwargs):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
     cpu = use_cpu(device)
-    handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
-    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision),
-                      kwargs_handlers=handlers, **kwargs)
+    check_dynamo()
+    plugin = fsdp_plugin() if fsdp_requested() else None
+    if plugin is not None and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise LaunchError("an FSDP launch with one process shards nothing; start 2 or more processes "
+                          f"(accelerate launch --config_file {FSDP_CONFIGS.split(' ')[0]} -m accellib.train ...)")
+    handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs and plugin is None else []
+    # dynamo "no" explicitly: the compile is train.compile's (accellib.trainer.compile_blocks), never prepare()'s
+    acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",
+                      kwargs_handlers=handlers, fsdp_plugin=plugin, **kwargs)
     check_world_size(acc.num_processes)
+    if plugin is not None:
+        if cpu and acc.distributed_type.value == "MULTI_CPU":
+            _fsdp_on_cpu(acc, plugin)
+        if not acc.is_fsdp2:
+            raise LaunchError(f"the launch asks for FSDP but Accelerate set up {acc.distributed_type.value}; "
+                              f"launch with accelerate launch --config_file {FSDP_CONFIGS}")
     return acc
 
 

@@ -23,6 +23,7 @@ run_pretraining.py's gather_indexes).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -169,6 +170,10 @@ class Transformer(nn.Module):
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
         init_weights(self, cfg)
+        # "" = the head and the loss run eagerly (lm_loss); a torch.compile backend name = they run as one
+        # compiled region (compiled_head_loss). A string, not the compiled function: the model stays
+        # deep-copyable and picklable. Set by accellib.trainer.compile_blocks (train.compile=blocks).
+        self.head_loss_backend = ""
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -196,6 +201,8 @@ class Transformer(nn.Module):
         if positions is not None:
             x = gather_positions(x, positions)                                           # (B, k, C)
             targets = None if targets is None else torch.gather(targets, 1, positions)
+        if targets is not None and self.head_loss_backend:
+            return compiled_head_loss(self.head_loss_backend)(self.transformer.ln_f, self.lm_head, x, targets)
         logits = self.head(x)
         return logits, (None if targets is None else lm_loss(logits, targets))
 
@@ -245,6 +252,29 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     if logits.dtype in (torch.float16, torch.bfloat16):
         return cross_entropy(logits, targets)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+
+
+def head_loss(ln_f: nn.Module, lm_head: nn.Linear, x: torch.Tensor, targets: torch.Tensor):
+    """(logits, mean fp32 cross-entropy over targets != -100): the final LayerNorm, the vocabulary
+    projection and the loss written as one function, to be compiled as one region (compiled_head_loss).
+
+    Written eagerly, `logits.float()` would be a full fp32 copy of 16-bit logits (3.3 GB for a 16 x 1024
+    GPT-2-small micro-batch) and the log-softmax another; compiled, Inductor fuses the upcast into the
+    logsumexp reduction that reads the 16-bit logits once, and the backward's softmax - onehot into one
+    pass that writes the 16-bit gradient, so no fp32 logits tensor is ever materialised while the
+    arithmetic stays fp32. This is how torchtitan and nanoGPT get a cheap loss: the loss is compiled with
+    the model (torchtitan compiles the loss beside its per-block compile; nanoGPT compiles the whole model
+    including F.cross_entropy). The fp32 logits of a CPU run make `.float()` a no-op: the same expression
+    as lm_loss's fp32 branch."""
+    logits = lm_head(ln_f(x))
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+    return logits, loss
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_head_loss(backend: str):
+    """head_loss under torch.compile with `backend`, built once per backend per process."""
+    return torch.compile(head_loss, backend=backend)
 
 
 def gather_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

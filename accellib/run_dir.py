@@ -27,6 +27,21 @@ def checkpoint_folder(out: Path) -> Path | None:
     return next((p for p in (ck / "last", ck / ".old") if p.exists()), None)
 
 
+# the model's file in a checkpoint folder, by the launch that wrote it (Accelerate's save_state names them)
+LAYOUTS = {"model.safetensors": "data-parallel", "pytorch_model.bin": "data-parallel",
+           "pytorch_model_fsdp.bin": "FSDP FULL_STATE_DICT", "pytorch_model_fsdp_0": "FSDP SHARDED_STATE_DICT"}
+
+
+def checkpoint_layout(src: Path) -> tuple[str, Path] | None:
+    """(which launch wrote the checkpoint folder `src`, its model file or folder); None when it has none. A
+    data-parallel launch writes the whole state dict; an FSDP launch either one file gathered on the main process
+    (FULL_STATE_DICT) or a torch.distributed.checkpoint folder with one file per process (SHARDED_STATE_DICT)."""
+    for name, layout in LAYOUTS.items():
+        if (src / name).exists():
+            return layout, src / name
+    return None
+
+
 def has_checkpoint(out: Path) -> bool:
     return checkpoint_folder(out) is not None or (out / "vcycle.json").exists()
 
@@ -123,3 +138,39 @@ def main_decides(fn):
     if ps.num_processes > 1:
         dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check_shared_run_dir(accelerator, out: Path) -> None:
+    """Fail in one line unless every process sees the run folder the main process writes. Only the main
+    process renames checkpoints/.tmp to last, and every process loads last on --resume, so a run on several
+    machines needs `out` on a filesystem they all share. The main process writes a random token into `out`
+    and every process reads it back; the ranks that read something else are named (a collective, so every
+    process raises together instead of some waiting forever). The token file is removed afterwards."""
+    import secrets
+
+    import torch
+    import torch.distributed as dist
+
+    from .launch import LaunchError
+    if accelerator.num_processes == 1:
+        return
+    box = [(secrets.token_hex(16), str(out)) if accelerator.is_main_process else None]
+    dist.broadcast_object_list(box, src=0)
+    token, main_out = box[0]
+    f = Path(out) / ".run_token"
+    if accelerator.is_main_process:
+        f.write_text(token)
+    accelerator.wait_for_everyone()
+    try:
+        seen = f.read_text() == token
+    except OSError:
+        seen = False
+    flags = accelerator.gather(torch.tensor([float(seen)], device=accelerator.device)).tolist()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        f.unlink(missing_ok=True)
+    blind = [r for r, ok in enumerate(flags) if not ok]
+    if blind:
+        raise LaunchError(f"process(es) {blind} of {accelerator.num_processes} do not see the run folder {main_out} that the "
+                          "main process writes (checkpoints are renamed there by the main process and loaded by "
+                          "every process on --resume); put --out on a filesystem shared by every node (NFS, Lustre)")

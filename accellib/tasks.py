@@ -144,6 +144,10 @@ class LMTask(_Task):
         c = self.cfg
         return F.layer_tokens(plan, c.model.n_layer, c.train.batch_size, c.model.seq_len)
 
+    def uniform_loss(self) -> float:
+        """The loss of predicting every id alike: where a random model starts."""
+        return math.log(self.data.vocab_size)
+
     def references(self) -> dict:
         c = self.cfg
         return ngram_references(self.data, c.model.seq_len, c.train.eval_windows)
@@ -231,6 +235,9 @@ class ImageTask(_Task):
     def micro_layer_tokens(self, plan: Optional[Plan]) -> int:
         m = self.cfg.model
         return F.layer_tokens(plan, m.n_layer, self.cfg.train.batch_size, m.seq_len) if m.kind == "vit" else 0
+
+    def uniform_loss(self) -> float:
+        return math.log(self.data.n_classes)
 
     def references(self) -> dict:
         return {"uniform": math.log(self.data.n_classes)}  # the loss of guessing every class alike

@@ -42,21 +42,26 @@ def byte_tokenizer():
     return tok
 
 
-def hf_tokenizer(data_path: str | Path, m) -> tuple[object | None, str | None]:
-    """(transformers PreTrainedTokenizerFast, its kind) for the run's data folder; (None, None) when the
-    folder cannot be read (the model is then exported without a tokenizer)."""
+def hf_tokenizer(data_path: str | Path, m) -> tuple[object | None, str | None, str | None]:
+    """(transformers PreTrainedTokenizerFast, its kind, None) for the run's data folder, or (None, None,
+    why) when the folder cannot give one: `why` says what is missing, to finish "no tokenizer: ..."."""
     import json
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer
     data_path = Path(data_path)
+    if not data_path.is_dir():
+        return None, None, f"the data folder {data_path} does not exist"
     try:
         meta = json.loads((data_path / "meta.json").read_text())
         kind = meta["tokenizer"]
+    except Exception as e:
+        return None, None, f"{data_path / 'meta.json'} cannot be read ({type(e).__name__})"
+    try:
         tok = byte_tokenizer() if kind == "byte" else Tokenizer.from_file(str(data_path / "tokenizer.json"))
-    except Exception:  # missing, moved or unreadable folder: export the model alone
-        return None, None
+    except Exception as e:
+        return None, None, f"{data_path / 'tokenizer.json'} cannot be read ({type(e).__name__})"
     eos = "<|endoftext|>" if kind == "gpt2" else MASK
     if tok.token_to_id(eos) is None:
-        return None, None
+        return None, None, f"the {kind} tokenizer of {data_path} has no {eos} token"
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos,
-                                   model_max_length=m.seq_len), kind
+                                   model_max_length=m.seq_len), kind, None

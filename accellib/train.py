@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .config import ConfigError, RunConfig, help_text, load_config, read_yaml
 from .data import DataError
-from .launch import LaunchError, end_accelerate_launcher, process_state
+from .launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
 from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
 from .model import num_params
 from .trainer import Trainer, TrainingError
@@ -36,6 +36,9 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     from .records import read_metrics, write_record
 
     out = Path(out)
+    if fsdp_requested():  # what cannot run under FSDP says so before any process group forms (one line)
+        from .techniques import build_techniques, check_fsdp
+        check_fsdp(build_techniques(cfg), cfg.model.kind)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     from .tasks import make_task
     task = make_task(cfg)
@@ -70,8 +73,9 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
             return run_vcycle(cfg, out, resume=resume, data=data)
         final = trainer.fit(resume=resume)
         if trainer.is_main:
+            resumes = dict(resumes=trainer.state.resumes) if trainer.state.resumes else {}  # what each resume changed
             write_record(out, cfg.to_dict(), final, trainer.accelerator,
-                         params=num_params(trainer.raw_model))
+                         params=num_params(trainer.raw_model), **resumes)
             set_style()
             save_fig(plot_val_curves({out.name: read_metrics(out)}, xs=("step", "flops", "wall")), out / "loss.png")
         trainer.accelerator.wait_for_everyone()
@@ -82,36 +86,26 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
-    """The stored config of a run plus overrides that keep the model as it is."""
+    """The stored config of a run plus overrides that a resume may change. One rule for every section:
+    an option declared with `opt(..., resume=True)` (cadences, logging, the machine, the optimizer's
+    numbers, train.steps; `--help` marks them) may change; any other change is refused, since the run's
+    records (config.yaml, record.json) could no longer say truly what trained it."""
+    import dataclasses
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} has no config.yaml; is it a run folder written by accellib.train?")
     stored = load_config(run_dir / "config.yaml")
     cfg = load_config(run_dir / "config.yaml", overrides)
-    for k, v in vars(cfg.model).items():
-        if k != "vocab_size" and getattr(stored.model, k) != v:
-            raise ConfigError(f"--model.{k}={v} changes the model of the run being resumed ({run_dir} has "
-                              f"model.{k}={getattr(stored.model, k)}); drop it, or start a new run with --out")
-    if cfg.optim.name != stored.optim.name:  # the checkpoint holds that optimizer's state (AdamW moments, SGD momentum)
-        raise ConfigError(f"--optim.name={cfg.optim.name} changes the optimizer of the run in {run_dir} (it has "
-                          f"optim.name={stored.optim.name}, whose state the checkpoint holds); drop it, or start a "
-                          "new run with --out")
-    # the checkpoint holds the state of exactly the techniques the run had, and an engine's files are
-    # per process of its own split: neither can change under a resume
-    if cfg.enabled() != stored.enabled():
-        raise ConfigError(f"{run_dir} was trained with techniques {stored.enabled() or 'none'}; a resume cannot "
-                          f"switch techniques on or off (now {cfg.enabled() or 'none'}); start a new run with --out")
-    from .techniques import REGISTRY
-    for name in stored.enabled():
-        # an engine's settings are all fixed; a technique that becomes one under a setting names it
-        # (resume_fixed, e.g. layered_accumulation.shard)
-        cls, new, old = REGISTRY[name], cfg.to_dict()[name], stored.to_dict()[name]
-        fixed = list(new) if getattr(cls, "splits_model", False) else getattr(cls, "resume_fixed", ())
-        changed = [k for k in fixed if new.get(k) != old.get(k)]
-        if changed:
-            k, show = changed[0], lambda v: str(v).lower() if isinstance(v, bool) else v   # noqa: E731  (as typed)
-            raise ConfigError(f"--{name}.{k}={show(new.get(k))} changes how the run in {run_dir} is split across "
-                              f"processes (it was trained with {name}.{k}={show(old.get(k))}); resume it with its "
-                              "own setting, or start a new run with --out")
+    show = lambda v: str(v).lower() if isinstance(v, bool) else v   # noqa: E731  (as typed)
+    for section, obj in cfg.sections().items():
+        old = stored.sections()[section]
+        for f in dataclasses.fields(obj):
+            new_v, old_v = getattr(obj, f.name), getattr(old, f.name)
+            if new_v == old_v or f.metadata.get("resume") or (section, f.name) == ("model", "vocab_size"):
+                continue  # (vocab_size: filled in from the data)
+            key = f"{section}.{f.name}"
+            raise ConfigError(f"--{key}={show(new_v)} changes how the run in {run_dir} trains (it was trained with "
+                              f"{key}={show(old_v)}); a resume may change only the options `python -m accellib.train "
+                              "--help` marks, so drop it, or start a new run with --out")
     return cfg
 
 

@@ -24,11 +24,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
-from .launch import make_accelerator, tracking_kwargs
+from .launch import fsdp_requested, make_accelerator, tracking_kwargs
 from .model import Plan
-from .run_dir import checkpoint_folder
+from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -46,7 +46,8 @@ class TrainState:
     layer_tokens: int = 0        # sum over blocks of tokens each block processed, all processes
     blocks_run: int = 0          # executed blocks summed over micro-batches
     micro_batches: int = 0
-    wall: float = 0.0            # seconds spent in training steps (eval/checkpoint excluded)
+    wall: float = 0.0            # seconds of training (eval/checkpoint excluded), counted from one log-step
+                                 # read of the device to the next (Trainer._tick)
     # the open train-loss averaging window (steps since the last log line), so that a run resumed
     # between two log steps logs exactly what the uninterrupted run logs
     win_loss: float = 0.0
@@ -56,6 +57,10 @@ class TrainState:
     win_grad_norm: float = 0.0   # largest pre-clip gradient norm in the window (spikes show here first)
     win_flops: float = 0.0       # FLOPs of the window's steps (for its MFU)
     win_metrics: dict = field(default_factory=dict)  # the task's train metrics summed over the window (e.g. acc)
+    # what each resume changed from config.yaml (options a resume may change, e.g. a lower optim.lr), as
+    # [{"step": k, "changes": {"optim.lr": [old, new]}}]: steps after k trained with the new values
+    resumes: list = field(default_factory=list)
+    best_loss: float = math.inf  # the lowest logged training loss (window mean): divergence is judged against it
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -94,9 +99,13 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
     fall back to eager. One block is always the same function of (x, scale) or
     of a (B, r, C) token subset, so each block needs a few graphs for the whole run: plain, scaled, and
     one with a dynamic length for random-LTD (tests/test_efficiency.py counts them). The parameters keep
-    their names, so checkpoints and exports do not change."""
+    their names, so checkpoints and exports do not change. The head and the loss (ln_f -> lm_head ->
+    cross-entropy) are compiled as one more region (accellib.model.head_loss): run eagerly outside the
+    compiled blocks, the loss of 16-bit logits was the largest cost of a GPT-2-small step."""
     for block in model.blocks:  # (models without blocks are refused by the config's validation)
         block.compile(backend=backend)
+    if hasattr(model, "head_loss_backend"):
+        model.head_loss_backend = backend
 
 
 class Trainer:
@@ -112,12 +121,18 @@ class Trainer:
         self.task = make_task(cfg, data)  # what is trained on (accellib/tasks.py): language or images
         self.task.configure()             # the model fields the data decides, before techniques read them
         self.techniques = build_techniques(cfg)
+        if fsdp_requested() and accelerator is None:  # before any process group: what cannot run sharded says so
+            from .techniques import check_fsdp
+            check_fsdp(self.techniques, cfg.model.kind)
         ddp = {}
         for tech in self.techniques:
             ddp.update(tech.ddp_kwargs())
         # live trackers (log.trackers) write into the run folder; an accelerator passed in brings its own
         track = tracking_kwargs(cfg.log.trackers, out_dir) if out_dir is not None else {}
         self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device, **track)
+        # FSDP2 (accellib.launch.fsdp_plugin): prepare() shards every Block and the rest (embeddings, final
+        # LayerNorm, tied head) over the processes; the loop below is the same, Accelerate's FSDP2 paths do the rest
+        self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
         self.data = self.task.data
         torch.manual_seed(t.seed)  # same init on every rank
         model = model if model is not None else self.task.build_model()
@@ -130,7 +145,12 @@ class Trainer:
             self.engine.build(model.to(self.accelerator.device), self.accelerator)
         device = self.accelerator.device
         enable_fast_math(device)  # TF32 matmuls on CUDA
-        params = model.to(device).parameters() if self.engine is None else self.engine.parameters()
+        if self.engine is not None:
+            params = self.engine.parameters()
+        elif self.fsdp:  # left where it was built (host memory): prepare()'s fully_shard moves each unit's shard to
+            params = model.parameters()  # the device, so the whole model never has to fit on one GPU
+        else:
+            params = model.to(device).parameters()
         self.optimizer = make_optimizer(params, cfg.optim, fused=device.type == "cuda")
         if self.engine is None:
             self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
@@ -156,6 +176,7 @@ class Trainer:
         # stall the host and leave the GPU idle while Python prepares the next step
         self._window: dict = {}
         self._prefetched = None  # (step, batches) drawn ahead during the previous step
+        self._clock: Optional[float] = None  # perf_counter() where the training time runs from (_tick; fit only)
         self.prefetch = self.accelerator.device.type == "cuda"  # one batch ahead, while the GPU still computes
         self.precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
         self.out = Path(out_dir) if out_dir is not None else None
@@ -223,7 +244,6 @@ class Trainer:
         norm and the task's metrics are summed on the device (see _flush for when they are read)."""
         cfg, st, acc = self.cfg, self.state, self.accelerator
         self.model.train()
-        t0 = time.perf_counter()
         self.step_metrics = {}
         batches = self._step_batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
@@ -251,10 +271,11 @@ class Trainer:
         for k, v in self.step_metrics.items():  # e.g. accuracy: the mean over micro-batches and processes
             v = torch.stack(v).float().mean()
             metrics[k] = acc.reduce(v, "mean") if self.engine is None else v
-        # the pre-clip global gradient norm; max_norm=inf scales by exactly 1.0, so no clipping is bitwise none
+        # the pre-clip global gradient norm; max_norm=inf leaves the gradients untouched (no clipping is bitwise none)
         max_norm = cfg.optim.grad_clip or float("inf")
-        norm = (acc.clip_grad_norm_(self.model.parameters(), max_norm) if self.engine is None
-                else self.engine.clip_grad_norm_(max_norm))
+        norm = self.clip_grad_norm_(max_norm) if self.engine is None else self.engine.clip_grad_norm_(max_norm)
+        if self.fsdp:  # FSDP2's norm is a DTensor over the shards' norms: the full value (a collective, no host read)
+            norm = norm.full_tensor()
         self.last_grad_norm = torch.as_tensor(norm, dtype=torch.float32, device=acc.device).detach()
         self._accumulate(loss.detach(), self.last_grad_norm, metrics)
         lr = self.lr_schedule(st)
@@ -279,8 +300,38 @@ class Trainer:
             tech.step_end(self)
         if self.prefetch:  # the host draws the next batches while the device works through this step
             self._prefetched = (st.step, self.batches(st.step))
-        st.wall += time.perf_counter() - t0
         return loss
+
+    def _tick(self) -> None:
+        """Add the time since the last mark to the run's and the window's wall, and mark now. Called right
+        after a host read of the window (_flush), which waits for every step queued on the device: timing
+        each step on the host would stop before the device has done its work, and overstate tok/s and MFU
+        by up to a queue's depth of steps per window. So the time runs from one log step's read to the
+        next (as torchtitan's metrics do); evaluation and checkpoints restart it (self._clock), uncounted."""
+        now, st = time.perf_counter(), self.state
+        if self._clock is not None:
+            st.wall += now - self._clock
+            st.win_wall += now - self._clock
+        self._clock = now
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """The standard step's clip: the global norm computed as every engine computes it
+        (accellib/parallel/engine.py global_grad_norm: per-parameter float64 sums of squares in the
+        model's parameter order, one sqrt), so an engine that computes the same gradients (Ouroboros
+        with one module, a pipeline, ZeRO's shards) clips to the same bits. DDP's gradients are already
+        the same on every process: no collective. Distributed types that own the gradients themselves
+        (FSDP, DeepSpeed, XLA) keep Accelerate's clip_grad_norm_."""
+        from accelerate.utils import DistributedType
+
+        from .parallel.engine import clip_grads, global_grad_norm, unique_params
+        acc = self.accelerator
+        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA):
+            return acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        acc.unscale_gradients()   # an fp16 GradScaler's scale out first (a no-op otherwise), as Accelerate does
+        params = unique_params([self.model])
+        total = global_grad_norm(list(enumerate(p.grad for p in params)), len(params), acc.device)
+        clip_grads(params, total, max_norm)
+        return total
 
     def _accumulate(self, loss: torch.Tensor, grad_norm: torch.Tensor, metrics: dict) -> None:
         """Add one step to the device-side window: loss and metric sums in float64 (a sum of float32
@@ -331,8 +382,21 @@ class Trainer:
         raise TrainingError(f"{what}; lower optim.lr (now {self.cfg.optim.lr}) or optim.weight_decay "
                             f"(now {self.cfg.optim.weight_decay}), or raise optim.warmup_steps; {kept}")
 
+    def _divergence(self, loss: float) -> str | None:
+        """A warning when the window's training loss is over 1 nat above the lower of the best logged so far
+        and the uniform prediction's (where a random model starts); numbers already read at this log step."""
+        st, o = self.state, self.cfg.optim
+        ref = min(st.best_loss, self.task.uniform_loss())
+        st.best_loss = min(st.best_loss, loss)
+        if loss <= ref + 1.0:
+            return None
+        return (f"training loss {loss:.3f} is {loss - ref:.2f} nats above {ref:.3f} (the lower of its best so far "
+                f"and the uniform prediction's): the run is diverging; lower optim.lr (now {o.lr}), raise "
+                f"optim.warmup_steps (now {o.warmup_steps}) or clip with optim.grad_clip (now {o.grad_clip})")
+
     def weights_finite(self) -> bool:
-        flags = torch.stack([p.detach().isfinite().all() for p in self.model.parameters()])
+        # FSDP2's parameters are DTensors: each process checks its own shards, the reduce below covers them all
+        flags = torch.stack([_local(p).detach().isfinite().all() for p in self.model.parameters()])
         ok = flags.all().float()
         return bool(self.accelerator.reduce(ok.to(self.accelerator.device), "mean").item() == 1.0)
 
@@ -363,6 +427,7 @@ class Trainer:
         so a crash mid-save never destroys the previous checkpoint."""
         acc, ck = self.accelerator, self.checkpoint_dir()
         self._flush()  # the open window's sums go into the checkpoint; a NaN loss stops the run here
+        self._tick()   # and its time so far (the save itself is not counted: fit restarts the clock)
         if self.engine is not None:
             self.engine.sync_replica()
         if not self.weights_finite():  # never replace a good checkpoint by a diverged model
@@ -394,6 +459,7 @@ class Trainer:
             raise TrainingError(f"{run_dir} has no checkpoint (the run stopped before its first one); "
                                 f"start it again with: python -m accellib.train --config {run_dir / 'config.yaml'} "
                                 f"--out {run_dir} --overwrite")
+        self._check_layout(src)
         try:
             self.accelerator.load_state(str(src))
         except ConfigError:  # a technique refusing the stored state (its own one-line reason): not a damaged file
@@ -410,6 +476,23 @@ class Trainer:
         o = self.cfg.optim
         for g, wd in zip(self.optimizer.param_groups, (o.weight_decay, 0.0)):  # groups of param_groups()
             g.update(weight_decay=wd, **(dict(betas=(o.beta1, o.beta2)) if o.name == "adamw" else dict(momentum=o.momentum)))
+
+    def _check_layout(self, src: Path) -> None:
+        """A checkpoint resumes under the kind of launch that wrote it: data-parallel, or FSDP with the same
+        state-dict type (Accelerate reads each from different files); otherwise one line says which launch."""
+        found = checkpoint_layout(src)
+        if found is None or self.engine is not None:
+            return  # no model file: load_state's own error says the folder is damaged; engines write their own
+        if self.fsdp:
+            now = f"FSDP {self.accelerator.state.fsdp_plugin.state_dict_type.name}"
+        else:
+            now = "data-parallel"
+        if found[0] != now:
+            how = ("accelerate launch --multi_gpu (or torchrun)" if found[0] == "data-parallel" else
+                   f"accelerate launch with an FSDP config whose fsdp_state_dict_type is {found[0].split()[-1]} "
+                   "(configs/accelerate/fsdp_*.yaml)")
+            raise TrainingError(f"the checkpoint {src} was written under {found[0]} and this resume runs under {now}; "
+                                f"resume it with {how}")
 
     def _load_engine(self, src: Path) -> None:
         acc, f = self.accelerator, src / f"engine_rank{self.accelerator.process_index}.pt"
@@ -435,6 +518,17 @@ class Trainer:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")  # strict JSON: a NaN fails here
         if self.accelerator.trackers:  # the same numbers, live (trackers only exist on the main process)
             self.accelerator.log({k: v for k, v in rec.items() if k != "step" and _is_number(v)}, step=rec["step"])
+
+    def _note_resume(self) -> None:
+        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml."""
+        stored = self.out / "config.yaml"
+        if not stored.is_file():
+            return
+        old, new = load_config(stored).to_dict(), self.cfg.to_dict()
+        changes = {f"{s}.{k}": [v, new[s][k]] for s, d in old.items() for k, v in d.items()
+                   if new[s][k] != v and (s, k) != ("model", "vocab_size")}
+        if changes != (self.state.resumes[-1]["changes"] if self.state.resumes else {}):
+            self.state.resumes.append(dict(step=self.state.step, changes=changes))
 
     def _start_trackers(self, resume: bool) -> None:
         """Start log.trackers for this fit (Accelerate does it on the main process only), with the run's
@@ -493,8 +587,14 @@ class Trainer:
         cfg, st, t = self.cfg, self.state, self.cfg.train
         if self.out is not None and self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+        if self.out is not None:  # several machines: every process must see this folder (a shared filesystem)
+            check_shared_run_dir(self.accelerator, self.out)
         if resume:
             self.load(self.out)
+            if st.step > t.steps:  # nothing to train, and the records would say t.steps of a longer run
+                raise ConfigError(f"the run in {self.out} has reached step {st.step}; --train.steps={t.steps} would "
+                                  f"train nothing: give at least {st.step} steps, or drop it")
+            self._note_resume()
             if self.is_main:  # drop log lines written after the checkpoint
                 _truncate_metrics(self.out / "metrics.jsonl", st.step)
         elif self.out is not None and self.is_main:
@@ -507,18 +607,23 @@ class Trainer:
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
                    desc="train", dynamic_ncols=True)
         final = {}
+        self._clock = time.perf_counter()
         while not self.finished():
-            tok0, wall0 = st.tokens, st.wall
+            tok0 = st.tokens
             self.train_step()
-            st.win_tokens, st.win_wall = st.win_tokens + st.tokens - tok0, st.win_wall + st.wall - wall0
+            st.win_tokens += st.tokens - tok0
             bar.update(1)
             done = self.finished()
             do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
             if st.step % t.log_every == 0 or do_eval:
                 self._flush()
+                self._tick()  # after the read: the window's time includes the device's queued work
                 rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
                 rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
                 rec.update(self._efficiency(st.win_flops, st.win_wall))
+                warning = self._divergence(st.win_loss / st.win_steps)
+                if warning:
+                    rec["warning"] = warning
                 st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
                 st.win_metrics, st.win_flops = {}, 0.0
                 if do_eval:
@@ -527,13 +632,26 @@ class Trainer:
                 self._log(rec)
                 if not t.progress:  # without a bar the console must still show the run is alive
                     self.accelerator.print(log_line(rec, t.steps), flush=True)
+                if warning:
+                    if self.is_main:
+                        tqdm.write(f"warning: step {st.step}: {warning}")
+                    if t.stop_on_divergence:
+                        self._diverged(f"{warning} (train.stop_on_divergence)")
                 final = rec
-            if self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
+            save = self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0))
+            if save:
                 self.save()
+            if save or do_eval or st.step % t.log_every == 0:
+                self._clock = time.perf_counter()  # logging, evaluation and saving are not training time
         bar.close()
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
         return final
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a tensor: the local shard of an FSDP2 DTensor, any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _is_number(v) -> bool:

@@ -20,6 +20,13 @@
 #   lowp (emulate)        exact emulation rounds every product in software: about 1 s per step already for a
 #                         2-layer d=64 model on a CPU (configs/lowp.yaml), far too slow at GPT-2 size
 #
+# Duration: not measured (no GPU run of this script has been made). What it runs: throughput.py's four
+#   GPT-2-small arms, then up to 7 arms x 1000 optimizer steps x 65,536 tokens (458M tokens in all), each arm
+#   compiling its blocks and head first; each arm's seconds are in the JSON it writes, and the script prints
+#   its total at the end.
+# Before anything runs it also checks for a C compiler: Triton (train.compile's GPU backend) builds a small C
+#   helper at the first compile and fails there, minutes in, without one (install gcc, or set CC).
+#
 # The Python used: $PYTHON, else .venv/bin/python when present, else python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +37,14 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     echo "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); run it on a machine with an NVIDIA GPU and a CUDA build of torch" >&2
     exit 1
 fi
+if ! command -v "${CC:-cc}" >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && ! command -v clang >/dev/null 2>&1; then
+    echo "gpu_check: no C compiler found (${CC:-cc}, gcc, clang); Triton needs one at the first torch.compile: install gcc (e.g. apt-get install build-essential) or set CC" >&2
+    exit 1
+fi
+start=$(date +%s)
+echo "gpu_check: started $(date); its duration on this GPU is not known in advance (see the header)"
 "$PYTHON" benchmarks/throughput.py --gpt2-small
-exec "$PYTHON" benchmarks/gpu_check.py "$@"
+status=0
+"$PYTHON" benchmarks/gpu_check.py "$@" || status=$?
+echo "gpu_check: took $(( ($(date +%s) - start) / 60 )) min"
+exit $status

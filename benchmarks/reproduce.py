@@ -115,7 +115,8 @@ def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, e
             "--budget", budget, "--seeds", str(seeds), "--train.threads=1", *extra]
 
     def one(arm: str) -> None:
-        r = subprocess.run(base + ["--arms", arm, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
+        again = ["--resume"] if (out / "budget.json").is_file() else []  # compare --resume refuses a new folder
+        r = subprocess.run(base + ["--arms", arm, *again], cwd=ROOT, env=env, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"arm {arm} failed:\n{r.stderr[-3000:]}")
         print(f"  {arm} done", flush=True)

@@ -107,7 +107,8 @@ def main() -> int:
     def command(L: int, d: int, arms: str) -> list[str]:
         return [sys.executable, "-m", "accellib.compare", "--config", str(CONFIG), "--out", str(runs / f"{L}x{d}"),
                 "--budget", "flops", "--seeds", str(seeds), "--train.threads=1", "--train.progress=false",
-                "--arms", arms, "--resume", *size_overrides(L, d), *extra]
+                "--arms", arms, *size_overrides(L, d), *extra,
+                *(["--resume"] if (runs / f"{L}x{d}" / "budget.json").is_file() else [])]  # it refuses a new folder
 
     def one(job: tuple[int, int, str]) -> None:
         L, d, arm = job

@@ -373,6 +373,22 @@ def test_a_changed_file_or_meta_is_hashed_again(tmp_path, monkeypatch):
     assert hashed == ["val.bin"]
 
 
+def test_a_file_changed_in_place_with_its_mtime_restored_is_hashed_again(tmp_path):
+    # issue 26 item 2: cp -p, rsync -t or os.utime(ns=...) put the mtime back; before, the cache trusted the
+    # corrupt file (its size and mtime matched) and training ran on it without a word
+    out = built_earlier(tc.prepare(corpus(), tmp_path / "d", "byte")[0])
+    load_token_data(out)
+    assert "train.bin" in cache_of(out)
+    st = (out / "train.bin").stat()
+    with open(out / "train.bin", "r+b") as f:
+        f.seek(200)
+        f.write(b"\x01\x00" * 50)  # same size
+    os.utime(out / "train.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # to the nanosecond
+    assert (out / "train.bin").stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(DataError, match=r"train\.bin is corrupt"):
+        load_token_data(out)
+
+
 def test_a_failed_check_writes_no_cache(tmp_path, monkeypatch):
     out = tc.prepare(corpus(), tmp_path / "d", "byte")[0]
     with open(out / "val.bin", "r+b") as f:
@@ -616,3 +632,32 @@ def test_missing_bin_file_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match=re.escape(
             f"train.bin is missing: run `python data_scripts/prepare_shakespeare.py --out {out} --force`")):
         load_token_data(out)
+
+
+def test_a_folder_of_another_kind_of_data_is_never_named_in_a_fix(digits_dir, tmp_path, monkeypatch):
+    # issue 26 item 3: before, a GPT config on data/digits said "unreadable meta.json ... pass --out
+    # data/digits --force", and doing that replaced the images with Shakespeare tokens
+    with pytest.raises(DataError) as e:
+        load_token_data(digits_dir)
+    msg = str(e.value)
+    assert "holds image data" in msg and "model.kind=vit, cnn or mlp" in msg, msg
+    assert "--out" not in msg and "--force" not in msg and "\n" not in msg
+    # the configs that read the folder are named: a repo whose configs/x.yaml reads data/digits
+    root = tmp_path / "repo"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "x.yaml").write_text("data:\n  path: data/digits\n")
+    (root / "configs" / "y.yaml").write_text("data:\n  path: data/shakespeare\n")
+    (root / "data").mkdir()
+    (root / "data" / "digits").symlink_to(digits_dir)
+    monkeypatch.setattr(data_module, "_ROOT", root)
+    with pytest.raises(DataError, match=r"\(read by configs/x\.yaml\)") as e:
+        load_token_data(root / "data" / "digits")
+    assert "y.yaml" not in str(e.value)
+    # and the other way round: a token folder under an image config
+    from accellib.image_data import load_image_data
+    tokens = tc.prepare(corpus(), tmp_path / "tok", "byte", created_by="python data_scripts/prepare_shakespeare.py")[0]
+    with pytest.raises(DataError) as e:
+        load_image_data(tokens)
+    msg = str(e.value)
+    assert "holds token data" in msg and "model.kind=gpt or mlm" in msg, msg
+    assert "--out" not in msg and "--force" not in msg and "prepare_shakespeare" not in msg

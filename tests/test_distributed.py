@@ -95,3 +95,53 @@ def test_launch_processes_kills_hung_children_and_reraises_errors():
         launch_processes(_sleep_forever, (), 2, timeout_s=2)
     with pytest.raises(Exception, match="boom in a child"):
         launch_processes(_fail, (), 2, timeout_s=30)
+
+
+def _arms_yaml(tmp_path, data_dir) -> Path:
+    import yaml
+    base = {"model": {}, "train": {}, "optim": {}, "data": {}}
+    for a in tiny_overrides(data_dir, **{"train.steps": 2}):
+        key, val = a[2:].split("=", 1)
+        s, k = key.split(".", 1)
+        base[s][k] = yaml.safe_load(val)
+    base["arms"] = {"baseline": {}, "pld": {"pld": {"enabled": True}},
+                    "ouroboros": {"ouroboros": {"enabled": True, "modules": 3}},
+                    "zero": {"layered_accumulation": {"enabled": True, "shard": True}},
+                    "pipeline": {"pipeline": {"schedule": "1f1b", "stages_per_rank": 1}},
+                    "pipeline_dp2": {"pipeline": {"schedule": "1f1b", "stages_per_rank": 1, "dp": 2}}}
+    (tmp_path / "arms.yaml").write_text(yaml.safe_dump(base))
+    return tmp_path / "arms.yaml"
+
+
+def test_arms_that_see_different_data_per_step_are_refused(tiny_data_dir, tmp_path):
+    # issue 26 item 1: under 2 processes the baseline is data-parallel (2 x the batch per step) while an
+    # Ouroboros ring or a pipeline trains one batch; the table compared them "at equal steps"
+    from accellib.compare import arm_configs, check_same_data
+    from accellib.config import ConfigError
+    cfgs = arm_configs(_arms_yaml(tmp_path, tiny_data_dir), None, [])
+    for arms in (["baseline", "pld", "zero"], ["ouroboros", "pipeline"]):
+        check_same_data({a: cfgs[a] for a in arms}, 2)                       # the same tokens per step
+    check_same_data({a: c for a, c in cfgs.items() if a != "pipeline_dp2"}, 1)   # one process: every arm alike
+    for other in ("ouroboros", "pipeline"):
+        with pytest.raises(ConfigError) as e:
+            check_same_data({a: cfgs[a] for a in ("baseline", "zero", other)}, 2)
+        msg = str(e.value)
+        assert f"arm {other} sees 256 tokens per step and arm baseline 512" in msg and "one process" in msg, msg
+        assert "\n" not in msg
+    with pytest.raises(ConfigError, match="arm pipeline_dp2 sees 512 tokens per step and arm pipeline 256"):
+        check_same_data({a: cfgs[a] for a in ("pipeline", "pipeline_dp2")}, 4)
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_compare_of_a_data_parallel_and_an_engine_arm_is_refused(tiny_data_dir, tmp_path):
+    bindir = Path(sys.executable).parent
+    from accellib.launch import _free_port
+    out = tmp_path / "cmp"
+    cmd = [str(bindir / "torchrun"), "--nproc_per_node", "2", f"--master_port={_free_port()}", "-m",
+           "accellib.compare", "--config", str(_arms_yaml(tmp_path, tiny_data_dir)), "--out", str(out),
+           "--arms", "baseline,ouroboros"]
+    p = _run(cmd, tmp_path, PYTHONPATH=str(ROOT))   # this checkout's accellib, whatever the venv installed
+    assert p.returncode != 0 and not out.exists()
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "arm ouroboros sees" in errors[0], p.stderr[-3000:]
+    assert "ChildFailedError" in p.stderr          # torchrun's own report follows (README, "Bad input")

@@ -127,3 +127,13 @@ def test_frequency_rule_picks_the_most_frequent_choice():
     text = "x aaaa aaaa aaaa bbbb bbbb cccc dddd"
     items = [dict(choices=["bbbb", "aaaa", "cccc", "dddd"], label=1), dict(choices=["aaaa", "bbbb"], label=1)]
     assert frequency_baseline(text, items) == 0.5
+
+
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_a_limit_below_one_is_one_line(limit, trained, capsys):
+    # issue 26 item 7: before, both ended in a traceback (exit 1) inside the harness
+    before = (trained / "record.json").read_text()
+    assert evaluate_main([str(trained), "--limit", limit]) == 2
+    err = capsys.readouterr().err
+    assert f"--limit {limit}" in err and "at least 1" in err and err.count("\n") == 1
+    assert (trained / "record.json").read_text() == before

@@ -243,3 +243,50 @@ def test_import_into_a_padded_vocabulary(gpt2_like_dir, tmp_path):
     idx = windows(v=50257)
     with torch.no_grad():
         assert (model(idx)[0][..., :50257] - hf(idx).logits).abs().max().item() <= 1e-5
+
+
+# ----------------------------------------------------------------------------- what an export leaves behind
+def test_a_low_precision_run_says_the_emulation_is_dropped(tiny_cfg, tmp_path, capsys):
+    # the run computed its GEMMs with FP8 operands and a 16-bit accumulator; the GPT-2 computes them in fp32
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 1, "lowp.enabled": True}), run)
+    capsys.readouterr()
+    assert export_main([str(run), "--out", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "lowp" in out and "emulation is dropped" in out and "fp32" in out, out
+    info = json.loads((tmp_path / "hf" / "accellib_export.json").read_text())
+    assert info["lowp_dropped"]["operand"] == "e5m2" and any("emulation is dropped" in n for n in info["notes"])
+    plain = tmp_path / "plain"                       # a plain run's export says nothing of the kind
+    training_function(tiny_cfg(**{"train.steps": 1}), plain)
+    info = export_run(plain, tmp_path / "hf2")
+    assert info["lowp_dropped"] is None and info["notes"] == []
+
+
+def test_a_moved_corpus_says_why_there_is_no_tokenizer(tiny_data_dir, tmp_path, capsys):
+    import shutil
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_data_dir, corpus)
+    run = tmp_path / "run"
+    training_function(load_config(None, tiny_overrides(corpus, **{"train.steps": 1})), run)
+    corpus.rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert export_main([str(run), "--out", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) == 2 and "no tokenizer" in lines[0], out
+    note = lines[1]
+    assert str(corpus) in note and "does not exist" in note and "--data" in note, note
+    info = json.loads((tmp_path / "hf" / "accellib_export.json").read_text())
+    assert info["tokenizer"] is None and info["notes"] == [note.removeprefix("note: ")]
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    # the fix the line names: the folder it moved to
+    assert export_main([str(run), "--out", str(tmp_path / "hf"), "--data", str(tmp_path / "moved")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "byte tokenizer" in out, out
+    info = json.loads((tmp_path / "hf" / "accellib_export.json").read_text())
+    assert info["tokenizer"] == "byte" and info["notes"] == [] and info["data"] == str(tmp_path / "moved")
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").eos_token_id == 256
+    # a --data folder that is missing, or not this model's corpus, is refused in one line
+    assert export_main([str(run), "--out", str(tmp_path / "hf"), "--data", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--data" in err and "nowhere" in err, err

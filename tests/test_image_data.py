@@ -62,7 +62,7 @@ def test_round_trip(tmp_path):
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "meta.json").write_text('{"format_version": 1, "tokenizer": "byte"}')
     assert not is_image_data(tmp_path / "tok")
-    assert "is not an image folder" in one_line_error(tmp_path / "tok")
+    assert "holds token data" in one_line_error(tmp_path / "tok")   # (before issue 26: "is not an image folder")
 
 
 @pytest.mark.parametrize("change,msg", [

@@ -337,3 +337,14 @@ def test_three_level_vcycle_runs_end_to_end(tiny_data_dir, tmp_path):
     sd = torch.load(tmp_path / "k3" / f"stage_{len(stages) - 1}" / "final_model.pt", weights_only=True)
     assert sd["transformer.h.3.mlp.c_fc.weight"].shape == (4 * 32, 32)   # back at full size
     assert 0 < final["val_loss"] < 6
+
+
+def test_vcycle_builds_one_accelerator_per_process_for_all_its_stages(tiny_data_dir, tmp_path, monkeypatch):
+    """Accelerate's model is one Accelerator per process; each stage used to build its own (issue 27)."""
+    import accelerate
+    made = []
+    orig = accelerate.Accelerator.__init__
+    monkeypatch.setattr(accelerate.Accelerator, "__init__", lambda self, *a, **k: (made.append(1), orig(self, *a, **k))[1])
+    cfg = load_config(None, vcycle_overrides(tiny_data_dir))
+    run_vcycle(cfg, tmp_path / "run")
+    assert len(plan_stages(cfg)) == 3 and len(made) == 1

@@ -316,3 +316,38 @@ def test_a_corpus_changed_after_a_cached_start_is_caught_at_resume(tiny_data_dir
     assert len(err) == 1 and "train.bin is corrupt (sha256 differs from meta.json)" in err[0], err
     assert (run / "checkpoints" / "last" / "pytorch_model.bin").read_bytes() == kept
     assert read_metrics(run)[-1]["step"] == 2
+
+
+def test_compare_into_a_training_runs_folder_is_refused(tiny_data_dir, tmp_path, capsys):
+    # issue 26 item 5: before, compare wrote baseline/, budget.json and summary.json among a live run's files
+    cfg, run = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "run"
+    hold = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                             "from accellib.run_dir import lock_run; assert lock_run(Path(sys.argv[1])) is None; "
+                             "print('held', flush=True); time.sleep(60)", str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hold.stdout.readline().strip() == "held"             # a training has taken the folder
+        for extra in ([], ["--resume"], ["--overwrite"]):
+            assert compare_main(["--config", str(cfg), "--out", str(run), *extra]) == 2
+            err = capsys.readouterr().err
+            assert "is the folder of a training run" in err and "--out" in err and err.count("\n") == 1, err
+        assert sorted(p.name for p in run.iterdir()) == [".accellib.lock"]
+    finally:
+        hold.kill()
+        hold.wait()
+    training_function(load_config(None, tiny_overrides(tiny_data_dir, **{"train.steps": 1})), run)
+    files = sorted(p.name for p in run.iterdir())                   # a finished run's folder: refused as well
+    assert compare_main(["--config", str(cfg), "--out", str(run)]) == 2
+    assert "is the folder of a training run" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == files
+
+
+def test_compare_resume_with_nothing_to_resume_is_refused(tiny_data_dir, tmp_path, capsys):
+    # issue 26 item 6: before, a mistyped --out started the whole comparison anew
+    cfg, out = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(tmp_path / "cpm"), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no comparison to resume" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "cpm").exists()
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline"]) == 0
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--resume"]) == 0   # adds pld: resumes the comparison
+    assert (out / "pld" / "record.json").is_file()

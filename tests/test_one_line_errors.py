@@ -52,13 +52,13 @@ def test_resume_of_a_run_with_an_empty_config(finished_run, capsys):
 
 def test_resume_with_a_shape_changing_override(finished_run, capsys):
     err = one_line(capsys, ["--resume", str(finished_run), "--model.d_model=64"])
-    assert "--model.d_model=64 changes the model" in err and "model.d_model=32" in err
+    assert "--model.d_model=64 changes how the run" in err and "model.d_model=32" in err
 
 
 def test_resume_with_another_optimizer(finished_run, capsys):
     # before: a traceback (KeyError: 'dampening') once the AdamW param groups reached SGD's step
     err = one_line(capsys, ["--resume", str(finished_run), "--optim.name=sgd", "--train.steps=20"])
-    assert "--optim.name=sgd changes the optimizer" in err and "optim.name=adamw" in err
+    assert "--optim.name=sgd changes how the run" in err and "optim.name=adamw" in err
 
 
 def test_out_is_a_file(tiny_data_dir, tmp_path, capsys):
@@ -122,3 +122,106 @@ def test_console_shows_progress_without_the_bar(tiny_cfg, tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
     assert [ln.split()[1] for ln in lines] == ["2/4", "4/4"]
     assert "train " in lines[0] and "tok/s" in lines[0] and "val " in lines[1]
+
+
+def _another_value(section: str, f, value, path):
+    """A value of field `f` other than `value` that the config accepts on its own (None if none is found)."""
+    from accellib.config import ConfigError, _meta, load_config
+    meta = _meta(section, f)
+    if meta.get("choices"):
+        cands = [c for c in meta["choices"] if c != value and [c] != value]
+        cands = [[c] for c in cands] if isinstance(value, list) else cands
+    elif isinstance(value, bool):
+        cands = [not value]
+    elif isinstance(value, (int, float)):
+        cands = [value * 2, value + 1, value / 2, value - 1, 0.5, 2]
+    elif isinstance(value, str) or value is None:
+        cands = ["hf:x", "x", 1]
+    elif isinstance(value, list):
+        cands = [[1], [1, 2], [2, 2], [1.0, 1.0, 1.0, 10.0, 0.5]]
+    else:
+        cands = []
+    for c in cands:
+        if c == value:
+            continue
+        try:
+            load_config(path, [f"--{section}.{f.name}={str(c).lower() if isinstance(c, bool) else c}"])
+            return c
+        except ConfigError:
+            continue
+    return None
+
+
+def test_a_resume_may_change_only_the_options_marked_so(tiny_data_dir, tmp_path):
+    # issue 26 item 4: one rule over every section. Before, --train.seed=7 resumed with another data order
+    # (record.json said seed 7, config.yaml 1337), and so did every other option but the model, the
+    # optimizer's name and the techniques' switches
+    import dataclasses
+    import yaml
+    from accellib.config import ConfigError, default_config, load_config
+    from accellib.train import resume_config
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(load_config(None, tiny_overrides(tiny_data_dir)).to_dict()))
+    may, refused, untried = [], [], []
+    for section, obj in default_config().sections().items():
+        stored = load_config(tmp_path / "config.yaml").sections()[section]
+        for f in dataclasses.fields(obj):
+            key = f"{section}.{f.name}"
+            new = _another_value(section, f, getattr(stored, f.name), tmp_path / "config.yaml")
+            if new is None or key == "model.vocab_size":   # (vocab_size is filled in from the data)
+                untried.append(key)
+                continue
+            arg = f"--{key}={str(new).lower() if isinstance(new, bool) else new}"
+            try:
+                resume_config(tmp_path, [arg])
+                may.append(key)
+            except ConfigError as e:
+                assert str(e).startswith(f"--{key}=") and "changes how the run" in str(e) and "\n" not in str(e), str(e)
+                refused.append(key)
+            assert (key in may) == bool(f.metadata.get("resume")), key
+    # (no valid value alone: sbld.schedule=variance needs variance_params, ouroboros.split needs modules)
+    assert untried == ["model.vocab_size", "sbld.schedule", "ouroboros.split"], untried
+    assert {"train.seed", "train.batch_size", "train.eval_windows", "train.precision", "data.path", "model.d_model",
+            "optim.name", "pld.enabled", "pld.gamma", "ouroboros.modules"} <= set(refused)
+    assert set(may) == {"train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every",
+                        "train.progress", "train.device", "train.threads", "train.compile", "train.compile_backend",
+                        "train.stop_on_divergence",
+                        "train.peak_flops", "data.verify", "log.trackers", "log.project", "optim.lr",
+                        "optim.min_lr_ratio", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
+                        "optim.beta2", "optim.momentum", "optim.grad_clip", "layered_accumulation.emulate_mbps",
+                        "layered_accumulation.keep_trace"}
+
+
+def test_resume_with_another_seed_is_one_line(finished_run, capsys):
+    before = (finished_run / "record.json").read_text()
+    err = one_line(capsys, ["--resume", str(finished_run), "--train.seed=7", "--train.steps=4"])
+    assert "--train.seed=7 changes how the run" in err and "train.seed=1337" in err
+    assert (finished_run / "record.json").read_text() == before
+
+
+def test_resume_below_the_step_reached_is_one_line(finished_run, capsys):
+    # issue 26 item 4: before, --train.steps=1 on a run at step 2 exited 0, trained nothing, and
+    # record.json said steps 1 with final step 2
+    before = {p.name: p.read_bytes() for p in finished_run.iterdir() if p.is_file() and p.name != ".accellib.lock"}
+    err = one_line(capsys, ["--resume", str(finished_run), "--train.steps=1"])
+    assert "has reached step 2" in err and "--train.steps=1 would train nothing" in err
+    assert {p.name: p.read_bytes() for p in finished_run.iterdir() if p.is_file()} == before
+
+
+def test_a_resume_records_what_it_changed(finished_run, capsys):
+    import json
+    lr = json.loads((finished_run / "record.json").read_text())["config"]["optim"]["lr"]
+    assert main(["--resume", str(finished_run), "--train.steps=3", "--optim.lr=0.001"]) == 0
+    assert main(["--resume", str(finished_run), "--train.steps=4", "--optim.lr=0.001"]) == 0
+    rec = json.loads((finished_run / "record.json").read_text())
+    assert rec["final"]["step"] == 4 and rec["config"]["train"]["steps"] == 4
+    assert rec["resumes"] == [dict(step=2, changes={"optim.lr": [lr, 0.001], "train.steps": [2, 3]}),
+                              dict(step=3, changes={"optim.lr": [lr, 0.001], "train.steps": [2, 4]})]
+
+
+@pytest.mark.parametrize("project", ["../..", "a/b", ".."])
+def test_a_tracker_project_that_leaves_the_run_folder_is_one_line(project, tiny_data_dir, tmp_path, capsys):
+    # issue 26: before, --log.project=../.. wrote TensorBoard files outside the run folder
+    err = one_line(capsys, ["--out", str(tmp_path / "r")] + tiny_overrides(tiny_data_dir) +
+                   ["--log.trackers=tensorboard", f"--log.project={project}"])
+    assert f"log.project={project!r}" in err and "plain name" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -103,3 +103,30 @@ def test_help_lists_options(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "--train.steps=300" in out and "--resume" in out
+
+
+DIVERGE = {"optim.lr": 1.0, "optim.warmup_steps": 0, "optim.grad_clip": 0, "train.steps": 8}
+
+
+def test_a_diverging_loss_is_flagged_at_log_steps(tiny_cfg, tmp_path, capsys):
+    # issue 26 item 8: before, lr 1.0 without warm-up or clip trained to ~100 nats (uniform: 5.5) and exited 0
+    # without a word
+    import math
+    final = training_function(tiny_cfg(**DIVERGE), tmp_path / "run")
+    recs = read_metrics(tmp_path / "run")
+    flagged = [r for r in recs if "warning" in r]
+    assert flagged and all(r["train_loss"] > math.log(257) + 1.0 for r in flagged)
+    assert "diverging" in flagged[0]["warning"] and "optim.lr" in flagged[0]["warning"]
+    out = capsys.readouterr().out
+    assert f"step {flagged[0]['step']}" in out and "diverging" in out
+    assert final["step"] == 8                                           # a warning, by default
+    calm = training_function(tiny_cfg(**{"train.steps": 8}), tmp_path / "calm")
+    assert calm["step"] == 8 and not any("warning" in r for r in read_metrics(tmp_path / "calm"))
+
+
+def test_stop_on_divergence_stops_at_the_first_flagged_log_step(tiny_cfg, tmp_path):
+    with pytest.raises(TrainingError, match="diverging") as e:
+        training_function(tiny_cfg(**DIVERGE, **{"train.stop_on_divergence": True}), tmp_path / "run")
+    assert "\n" not in str(e.value)
+    recs = read_metrics(tmp_path / "run")
+    assert "warning" in recs[-1] and not any("warning" in r for r in recs[:-1])   # the flagged line is kept

@@ -1,6 +1,7 @@
 """The ZeRO half of layered accumulation (layered_accumulation.shard=true) on 2 gloo processes: gradients
 and updated weights bitwise those of the standard data-parallel trainer and of unsharded layered
-accumulation; the traffic per step equals its closed form; a sharded run resumes exactly."""
+accumulation, the gradient clip off or active (the shards' norm is computed as the trainer's); the traffic
+per step equals its closed form; a sharded run resumes exactly."""
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ ARMS = {"plain": {}, "lga": {"layered_accumulation.enabled": True},
                           "layered_accumulation.order": "standard"},
         "zero_link": {"layered_accumulation.enabled": True, "layered_accumulation.shard": True,   # the emulated
                       "layered_accumulation.emulate_mbps": 500.0}}                               # link's thread
+CLIP = {"optim.grad_clip": 0.05}   # below every step's norm: the clip scales every gradient
+ARMS.update({"plain_clip": CLIP, "lga_clip": {**ARMS["lga"], **CLIP}, "zero_clip": {**ARMS["zero"], **CLIP}})
 
 
 def _overrides(data_dir, tie: bool, **kw):
@@ -33,7 +36,8 @@ RESUME = {"layered_accumulation.enabled": True, "layered_accumulation.shard": Tr
 
 
 def _arms(data_dir, tie):
-    """Each arm trains 2 steps; its second step's gradients, the weights after it and the sharded traffic."""
+    """Each arm trains 2 steps (4 with the clip); its last step's gradients, the weights after it, the
+    pre-clip norms and the sharded traffic."""
     out = {}
     for arm, kw in ARMS.items():
         tr = Trainer(load_config(None, _overrides(data_dir, tie, **kw)))
@@ -48,9 +52,13 @@ def _arms(data_dir, tie):
                 grads.update({names[id(p)]: s.grad.clone() for p, s in zip(sh.params, sh.shards)})
             return step(*a, **k)
         tr.optimizer.step = capture
-        for _ in range(2):   # the second step's gradients depend on the first update
+        norms = []
+        # the second step's gradients depend on the first update; the clip arms take 4 steps (the norm
+        # summed in another order differed from the third step on, before the norm was one computation)
+        for _ in range(4 if arm.endswith("_clip") else 2):
             tr.train_step()
-        rec = dict(grads=grads)
+            norms.append(tr.last_grad_norm.clone())
+        rec = dict(grads=grads, norms=norms)
         if tr.engine is not None:
             sh = tr.engine.sharded
             rec.update(volume=dict(sh.volume), gathers={names[id(p)]: sh.gathers[id(p)] for p in sh.params},
@@ -115,6 +123,19 @@ def test_sharded_gradients_weights_and_traffic(tiny_data_dir, runs, tie):
     for arm in ("zero", "zero_standard", "zero_link"):
         for n, g in plain["grads"].items():   # rank k holds rows [k rows/2, (k+1) rows/2) of each gradient
             assert torch.equal(torch.cat([r[0][arm]["grads"][n], r[1][arm]["grads"][n]]), g), (arm, n)
+    # the clip active: the sharded norm is the unsharded one to the bit, so the clipped updates are too
+    clipped = r[0]["plain_clip"]
+    assert all(n > CLIP["optim.grad_clip"] for n in clipped["norms"])
+    assert not torch.equal(clipped["weights"]["transformer.wte.weight"], plain["weights"]["transformer.wte.weight"])
+    for k in (0, 1):
+        for arm in ("lga_clip", "zero_clip"):
+            assert all(torch.equal(a, b) for a, b in zip(r[k][arm]["norms"], clipped["norms"])), arm
+            for n, w in clipped["weights"].items():
+                assert torch.equal(r[k][arm]["weights"][n], w), (arm, n)
+        for n, g in clipped["grads"].items():
+            assert torch.equal(r[k]["lga_clip"]["grads"][n], g), n
+    for n, g in clipped["grads"].items():
+        assert torch.equal(torch.cat([r[0]["zero_clip"]["grads"][n], r[1]["zero_clip"]["grads"][n]]), g), n
     # traffic per step against the closed form, from the plain model's shapes
     layers, n_params = layer_params(Trainer(load_config(None, _overrides(tiny_data_dir, tie))).raw_model)
     assert (sum(layers) > n_params) == tie

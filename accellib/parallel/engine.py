@@ -40,12 +40,20 @@ from ..techniques.base import Technique
 
 class Engine(Technique):
     splits_model = True   # the trainer and check_composition look for this
+
+    def fsdp_refusal(self) -> str:
+        return "it runs the model's pieces itself, outside the FSDP-wrapped forward, and splits or reduces them its own way"
     needs = "the language model's embedding, blocks and head, which it splits into stages"
 
     def __init__(self, cfg, run_cfg):
         super().__init__(cfg, run_cfg)
         self.dp_world, self.dp_rank = 1, 0   # data-parallel size and index (whole pipelines / rings)
         self.device = torch.device("cpu")    # build() sets the accelerator's device
+
+    def data_parallel(self, world: int) -> int:
+        """How many data-parallel replicas (self.dp_world after build) `world` processes make, each with
+        micro-batches of its own: 1 for an engine whose processes all work on one batch (the default)."""
+        return 1
 
     def build(self, model: Transformer, accelerator) -> None:
         """Make the process groups and stages of this process, set self.device, and call assign()."""
@@ -64,22 +72,24 @@ class Engine(Technique):
         """Called by build(): each parameter belongs to the first stage holding it (the tied embedding: stage
         0) and is owned by that stage's process (`process_of[s]`, in data-parallel replica 0). `counted`: the
         stages whose gradient norms this process contributes to the global norm (its own, in replica 0)."""
-        self.model, self.n_parts, self.counted = model, len(stages), counted
+        self.model, self.counted = model, counted
         self.part, self.owner_of = {}, {}
         for s, stage in enumerate(stages):
             for p in stage.parameters():
                 if id(p) not in self.part:
                     self.part[id(p)], self.owner_of[id(p)] = s, process_of[s]
+        self.norm_slot = model_slots(model)
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """The global pre-clip gradient norm: per-stage norms where each stage lives, combined by
-        `norm_of_parts` (the same bits on one process or several); clips like torch's clip_grad_norm_."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """The global pre-clip gradient norm, computed as the trainer's standard step computes it
+        (`global_grad_norm`: each parameter's sum of squares in its model-order slot, summed over the
+        processes, one sqrt), so an engine that computes the plain model's gradients also clips them to
+        the same bits, the clip active or not; clips with `clip_grads` (torch's rule)."""
         params = self.parameters()
-        parts = [grad_norm([p for p in params if self.part[id(p)] == s]) for s in self.counted]
-        total = norm_of_parts(parts, self.n_parts, self.counted, self.device)
-        if math.isfinite(max_norm):
-            scale_grads(params, total, max_norm)
-        return float(total)
+        mine = [(self.norm_slot[id(p)], p.grad) for p in params if self.part[id(p)] in self.counted]
+        total = global_grad_norm(mine, len(self.norm_slot), self.device, reduce=True)
+        clip_grads(params, total, max_norm)
+        return total
 
     def sync_replica(self) -> None:
         """Every process gets the current weights of the stages it does not run (before eval and save)."""
@@ -169,35 +179,42 @@ def broadcast_owned(model: nn.Module, owner: dict[int, int], group=None) -> None
                     p.copy_(v.view_as(p))
 
 
-def norm_of_parts(parts: list[Optional[torch.Tensor]], n_parts: int, index: list[int], device,
-                  group=None) -> torch.Tensor:
-    """The global L2 norm from per-part norms computed where each part lives: a vector of `n_parts`
-    zeros with this process's parts filled in (`index`), summed over processes (adding zeros is
-    exact), then the norm of that vector. The same bits on one process or several."""
-    v = torch.zeros(n_parts, device=device)
-    for i, p in zip(index, parts):
-        if p is not None:
-            v[i] = p
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
+def model_slots(model: nn.Module) -> dict[int, int]:
+    """id(parameter) -> its index in model.parameters() (each shared parameter once): the fixed order in
+    which `global_grad_norm` adds the per-parameter sums of squares."""
+    return {id(p): i for i, p in enumerate(unique_params([model]))}
+
+
+def global_grad_norm(grads: list[tuple[int, Optional[torch.Tensor]]], n_slots: int, device,
+                     reduce: bool = False, group=None) -> torch.Tensor:
+    """The global L2 gradient norm (float32, 0-d, on `device`; nothing read to the host), computed one way
+    by the trainer's standard step and by every engine: a float64 vector of one slot per model
+    parameter (model_slots), each slot the float64 sum of its gradient's squares (of the part this
+    process holds: a ZeRO shard adds its rows), summed over the processes when `reduce` (adding the
+    zeros of slots held elsewhere is exact), then summed in slot order and one sqrt, rounded to float32.
+    A pipeline stage, an Ouroboros module or a DDP replica therefore gives the same bits as the plain
+    model. A sharded parameter's slot is the sum of its shards' sums, which agrees with the whole
+    parameter's sum to float64 round-off (~1e-15 relative, tens of millions of times below float32's step):
+    the float32 norm is the same unless it lies that close to a float32 rounding boundary (tested equal)."""
+    # each slot at most once per process; built by stacking on the device (no index tensor copied to it)
+    sums = {i: g.detach().to(torch.float64).square_().sum() for i, g in grads if g is not None}
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    v = torch.stack([sums.get(i, zero) for i in range(n_slots)])
+    if reduce and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(v, group=group)
-    return torch.linalg.vector_norm(v)
+    return v.sum().sqrt().to(torch.float32)
 
 
-def grad_norm(params: list[nn.Parameter]) -> Optional[torch.Tensor]:
-    gs = [p.grad for p in params if p.grad is not None]
-    if not gs:
-        return None
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gs]))
-
-
-def scale_grads(params: list[nn.Parameter], total: torch.Tensor, max_norm: float) -> None:
-    """torch's clip_grad_norm_ rule: multiply by min(1, max_norm / (norm + 1e-6)); skipped when it is
-    1, so an inactive clip is bitwise no clip."""
-    coef = max_norm / (float(total) + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+def clip_grads(params: list[nn.Parameter], total: torch.Tensor, max_norm: float) -> None:
+    """torch's clip_grad_norm_ rule on the float32 norm `total`: multiply by min(1, max_norm / (total +
+    1e-6)), computed in float32 on the device (no host read), so equal norms give equal coefficients.
+    Nothing is touched when max_norm is inf (no clipping is bitwise none; multiplying by 1.0 is exact anyway)."""
+    if not math.isfinite(max_norm):
+        return
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, coef)
 
 
 # ----------------------------------------------------------------------------- timing harness

@@ -198,8 +198,8 @@ class LayeredAccumulation(Engine):
         order: str = opt("layered", "loop order of the engine: layered (layer-major) or standard "
                                     "(micro-batch-major, for comparisons)", choices=["layered", "standard"])
         emulate_mbps: float = opt(0.0, "emulated network bandwidth in MB/s for the reductions "
-                                        "(0 = real network, no emulation)", min=0.0)
-        keep_trace: bool = opt(True, "record the event trace of the last step (self.trace)")
+                                        "(0 = real network, no emulation)", min=0.0, resume=True)
+        keep_trace: bool = opt(True, "record the event trace of the last step (self.trace)", resume=True)
         shard: bool = opt(False, "ZeRO-3 half of the paper's §4: shard the parameters over the processes, "
                                  "gather each layer once per pass, reduce-scatter its gradient (several processes)")
 
@@ -351,6 +351,9 @@ class LayeredAccumulation(Engine):
         return losses
 
     # ------------------------------------------------------------------ sharded: the engine interface
+    def data_parallel(self, world: int) -> int:
+        return world  # ZeRO: every process its own micro-batches, as plain data parallelism
+
     def build(self, model, accelerator) -> None:
         from .zero_layered import ShardedParams
         world = accelerator.num_processes
@@ -361,9 +364,12 @@ class LayeredAccumulation(Engine):
         seg_params, _ = segments(model)
         self.sharded = ShardedParams([p for ps in seg_params for _, p in ps], world, self.dp_rank,
                                      dist.new_group(list(range(world))), self._link())
-        # Engine.clip_grad_norm_: one part per process (its shards), combined into the global norm
-        self.model, self.n_parts, self.counted = model, world, [self.dp_rank]
+        # Engine.clip_grad_norm_: every process adds its shards' sums of squares into their parameters' slots
+        from .engine import model_slots
+        slot = model_slots(model)
+        self.model, self.counted = model, [self.dp_rank]
         self.part = {id(s): self.dp_rank for s in self.sharded.shards}
+        self.norm_slot = {id(s): slot[id(p)] for p, s in zip(self.sharded.params, self.sharded.shards)}
 
     def parameters(self):
         return self.sharded.shards

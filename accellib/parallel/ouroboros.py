@@ -25,7 +25,8 @@ them, which on a CPU gives the same bits, so resume is exact including the stale
 
 `delayed: false` runs the same placement backward-locked (module k waits for module k+1's error of the
 same batch): plain backprop, the speed baseline of the paper's comparison, bitwise equal to the
-trainer's standard step when the clip is inactive (tested). On one process every module runs locally,
+trainer's standard step, the gradient clip active or not (tested; the engine computes the global norm
+as the trainer does, engine.global_grad_norm). So is K = 1 (delay 0). On one process every module runs locally,
 in order: that is the exact single-process reference the multi-process run is tested against.
 
 Not reproduced here: the paper's speed and bpc/ppl tables (not retrieved; see notebook 06), and its

@@ -246,6 +246,9 @@ class PipelineEngine(Engine):
         def enabled(self) -> bool:
             return bool(self.schedule)
 
+    def data_parallel(self, world: int) -> int:
+        return self.cfg.dp
+
     def build(self, model, accelerator) -> None:
         c, t = self.cfg, self.run_cfg.train
         world, rank = accelerator.num_processes, accelerator.process_index

@@ -21,7 +21,9 @@ Plain layered accumulation all-reduces instead: 2 |W| (n-1)/n beta, and never ga
 
 "Free" releases the storage of the model's parameter (as FSDP does) while the autograd graph keeps
 its reference; the backward's gather writes the same values back into it. The gradients and the
-AdamW update of the shards are bitwise those of the unsharded run (tests/test_zero_layered.py).
+AdamW update of the shards are bitwise those of the unsharded run, the gradient clip active or not: the
+shards' sums of squares fill their parameters' slots of the trainer's one norm computation
+(engine.global_grad_norm; tests/test_zero_layered.py).
 The full replica the trainer evaluates and checkpoints is re-gathered by `gather_all` (the engine's
 sync_replica); a resumed run re-slices its shards from the loaded replica (`reshard`).
 Gathers are not prefetched: each waits for the link, behind any reduce-scatter still on it.

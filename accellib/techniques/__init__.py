@@ -6,7 +6,7 @@ subclass with a `Config` dataclass (whose `enabled` field switches it on) and de
 """
 from __future__ import annotations
 
-from .base import Technique, check_applicable, check_composition
+from .base import Technique, check_applicable, check_composition, check_fsdp
 
 REGISTRY: dict[str, type[Technique]] = {}
 

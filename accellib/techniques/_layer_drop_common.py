@@ -117,6 +117,14 @@ class LayerDropTechnique(Technique):
         # a block skipped on every rank has no gradient; DDP would wait for it forever otherwise
         return dict(find_unused_parameters=True)
 
+    def fsdp_refusal(self) -> str:
+        # the gates skip the same blocks on every rank (drawn from (seed, step, micro-step)), so every rank
+        # skips the same FSDP units: no rank waits in an all-gather the others never start
+        if self.cfg.zero_fill:
+            return ("zero_fill adds 0 * sum of the block parameters to the loss outside the blocks' forward, where "
+                    "FSDP holds them as shards (set zero_fill=false)")
+        return ""
+
     def setup(self, trainer) -> None:
         self.world = trainer.accelerator.num_processes
         self._block_params = [p for p in trainer.raw_model.blocks.parameters() if p.requires_grad]

@@ -15,6 +15,7 @@ the ones it needs. The trainer calls them in this order:
     metrics(state)                          extra fields for metrics.jsonl
     should_stop(state)                      end training early (e.g. a LayerToken budget)
     state_dict() / load_state_dict(d)       registered with Accelerate's save_state/load_state
+    fsdp_refusal()                          why it cannot run when FSDP shards the model ("" = it can)
     preview()                               instead of setup(), when plans are drawn without training
                                             (compare's FLOPs and timing budgets, accellib/budget.py)
 
@@ -76,6 +77,25 @@ class Technique:
 
     def load_state_dict(self, d: dict) -> None:
         pass
+
+    def fsdp_refusal(self) -> str:
+        """Why this technique cannot run under an FSDP launch, as the end of a sentence; "" when it can. A
+        technique that only fills the plan or adds a loss term runs under FSDP: it calls the model's forward,
+        whose blocks are the FSDP units, and never reads a parameter outside it."""
+        return ""
+
+
+def check_fsdp(techniques: list[Technique], kind: str) -> None:
+    """Raise a one-line ConfigError when the run cannot be trained under an FSDP launch (accellib.launch.fsdp_plugin):
+    a model without transformer blocks (the FSDP units), or a technique that cannot run sharded (fsdp_refusal)."""
+    if kind not in ("gpt", "mlm", "vit"):
+        raise ConfigError(f"an FSDP launch shards one unit per transformer block, and model.kind={kind} has none; "
+                          "launch it data-parallel (accelerate launch --multi_gpu)")
+    for t in techniques:
+        why = t.fsdp_refusal()
+        if why:
+            raise ConfigError(f"{t.name} cannot run under an FSDP launch: {why}; launch it data-parallel "
+                              f"(accelerate launch --multi_gpu) or disable {t.name}")
 
 
 def check_applicable(techniques: list[Technique], kind: str) -> None:

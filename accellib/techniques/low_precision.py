@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -95,12 +96,16 @@ class LowPrecision(Technique):
         self.params: list[nn.Parameter] = []
         self.converted: list[str] = []
         self._before: list[torch.Tensor] = []
-        self.frozen = 0.0
+        self._same: Optional[torch.Tensor] = None   # weights the last step left unchanged (on the device)
         self.device = torch.device("cpu")
 
     def _generator(self, step: int, stream: int) -> torch.Generator:
         """The draws of one step's stochastic rounding, on the device the tensors live on."""
         return torch.Generator(self.device).manual_seed(seed_for(self.run_cfg.train.seed, step, stream))
+
+    def fsdp_refusal(self) -> str:
+        return ("it swaps the model's Linear layers and rounds the weights and AdamW moments in place with draws "
+                "over whole tensors, which FSDP holds as shards")
 
     def setup(self, trainer) -> None:
         model = trainer.raw_model
@@ -131,8 +136,13 @@ class LowPrecision(Technique):
             return
         self._round(trainer, self._generator(trainer.state.step, UPDATE_STREAM), self.cfg.update)
         if self._before:
-            same = sum(int((p == b).sum()) for p, b in zip(self.params, self._before))
-            self.frozen = same / sum(p.numel() for p in self.params)
+            # a device tensor, read at log steps only (metrics): no wait for the device every step
+            self._same = torch.stack([(p == b).sum() for p, b in zip(self.params, self._before)]).sum()
+
+    @property
+    def frozen(self) -> float:
+        """The share of emulated weights the last step left exactly unchanged."""
+        return 0.0 if self._same is None else int(self._same) / sum(p.numel() for p in self.params)
 
     @torch.no_grad()
     def _round(self, trainer, g: torch.Generator, rounding: str) -> None:

@@ -331,6 +331,9 @@ class MultiLevel(Technique):
     needs = "transformer blocks (the coalescing maps are written for them)"
     Config = MultiLevelConfig
 
+    def fsdp_refusal(self) -> str:
+        return "the V-cycle coalesces and interpolates whole weight tensors between models of different sizes"
+
     def setup(self, trainer) -> None:
         raise ConfigError("multilevel.enabled=true runs several models in sequence: start it with "
                           "`python -m accellib.train --config ... --out ...` (or run_vcycle())")

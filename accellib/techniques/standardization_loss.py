@@ -84,9 +84,18 @@ class StandardizationLoss(Technique):
         return self.cfg.weight * total
 
     def step_end(self, trainer) -> None:
-        if self._step_sums:
-            self.last = float(torch.stack(self._step_sums).mean())
+        if self._step_sums:  # kept on the device: read at log steps and checkpoints only (self.last)
+            self._last = torch.stack(self._step_sums).mean()
         self._step_sums = []
+
+    @property
+    def last(self) -> float:
+        """The last step's L_std (mean over its micro-batches), read from the device when asked for."""
+        return float(self._last)
+
+    @last.setter
+    def last(self, value: float) -> None:
+        self._last = value
 
     def metrics(self, state) -> dict:
         return dict(std_loss=round(self.last, 5))

@@ -203,10 +203,14 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
     from ..trainer import Trainer   # lazy: accellib.trainer imports the technique registry, which imports us
     from ..launch import process_state
     from ..run_dir import main_decides
-    out, ps = Path(out), process_state(cfg.train.device)
+    from ..launch import fsdp_requested
+    from . import REGISTRY, check_fsdp
     ml = cfg.techniques["multilevel"]
     if not ml.enabled:
         raise ConfigError("run_vcycle needs multilevel.enabled=true (see configs/multilevel_tiny.yaml)")
+    if fsdp_requested():  # before any process group forms
+        check_fsdp([REGISTRY["multilevel"](ml, cfg)], cfg.model.kind)
+    out, ps = Path(out), process_state(cfg.train.device)
     task = make_task(cfg, data)
     task.configure()                                              # vocab_size (language), seq_len (ViT)
     data = task.data
@@ -231,6 +235,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
     carry = dict(tokens=0, flops=0.0, layer_tokens=0, wall=0.0)   # cumulative counters so far
     final: dict = {}
     offsets = _global_offsets(stages)
+    acc = _one_accelerator(cfg, stages)
     for st, off in zip(stages, offsets):
         key, sdir = str(st.index), out / f"stage_{st.index}"
         if key in progress["done"]:                                 # finished before an interruption
@@ -249,7 +254,9 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
                 sd, map_s = _stage_input(out, stages, st, cache, ml.alpha, m)
                 model.load_state_dict(sd, strict=True)
         # the data stream continues: stage step s reads the baseline's batches of global step off + s
-        tr = Trainer(stage_config(cfg, st), sdir, data=data, model=model, data_offset=off)
+        acc.free_memory()            # the previous stage's model, optimizer and loaders leave the Accelerator,
+        acc._custom_objects.clear()  # and its checkpointed objects (state, techniques): save_state saves only this stage's
+        tr = Trainer(stage_config(cfg, st), sdir, data=data, model=model, data_offset=off, accelerator=acc)
         if not started:
             for k, v in carry.items():                             # cumulative axes (checkpointed with the state)
                 setattr(tr.state, k, v + (map_s if k == "wall" else 0))
@@ -285,6 +292,18 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
                      baseline_flops=baseline_flops(cfg, ps.num_processes))
     ps.wait_for_everyone()
     return final
+
+
+def _one_accelerator(cfg: RunConfig, stages):
+    """The one Accelerator of this process for every stage (Accelerate's model: one per process), with the
+    DDP options any stage's techniques ask for."""
+    from ..launch import make_accelerator
+    from . import build_techniques
+    ddp: dict = {}
+    for st in stages:
+        for tech in build_techniques(stage_config(cfg, st)):
+            ddp.update(tech.ddp_kwargs())
+    return make_accelerator(ddp, precision=cfg.train.precision, device=cfg.train.device)
 
 
 def describe(cfg: RunConfig, world: int = 1) -> str:
