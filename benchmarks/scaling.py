@@ -71,6 +71,26 @@ def size_overrides(depth: int, width: int) -> list[str]:
             f"--optim.lr={BASE_LR * BASE_WIDTH / width:.6g}"]
 
 
+def compare_command(runs: Path, L: int, d: int, arms: str, seeds: int, extra: list[str]) -> list[str]:
+    """One `compare` process for some arms of size L x d (resuming once the size's comparison has started)."""
+    out = runs / f"{L}x{d}"
+    return [sys.executable, "-m", "accellib.compare", "--config", str(CONFIG), "--out", str(out),
+            "--budget", "flops", "--seeds", str(seeds), "--train.threads=1", "--train.progress=false",
+            "--arms", arms, *size_overrides(L, d), *extra,
+            *(["--resume"] if (out / "budget.json").is_file() else [])]  # compare refuses --resume on a new folder
+
+
+def run_job(command, job: tuple[int, int, str]) -> None:
+    """Train one (L, d, arm) with one torch thread; a failure raises with the end of its stderr."""
+    L, d, arm = job
+    t0 = time.perf_counter()
+    r = subprocess.run(command(L, d, arm), cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{L}x{d} {arm} failed:\n{r.stderr[-3000:]}")
+    print(f"  {L}x{d} {arm} done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def collect(runs: Path, sizes: list[tuple[int, int]]) -> list[dict]:
     """One record per size: its compare summary, budget plan and every run's curve."""
     cells = []
@@ -104,19 +124,8 @@ def main() -> int:
     runs = ROOT / "runs" / ("scaling_quick" if args.quick else "scaling")
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
-    def command(L: int, d: int, arms: str) -> list[str]:
-        return [sys.executable, "-m", "accellib.compare", "--config", str(CONFIG), "--out", str(runs / f"{L}x{d}"),
-                "--budget", "flops", "--seeds", str(seeds), "--train.threads=1", "--train.progress=false",
-                "--arms", arms, *size_overrides(L, d), *extra,
-                *(["--resume"] if (runs / f"{L}x{d}" / "budget.json").is_file() else [])]  # it refuses a new folder
-
-    def one(job: tuple[int, int, str]) -> None:
-        L, d, arm = job
-        t0 = time.perf_counter()
-        r = subprocess.run(command(L, d, arm), cwd=ROOT, env=env, capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"{L}x{d} {arm} failed:\n{r.stderr[-3000:]}")
-        print(f"  {L}x{d} {arm} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    command = lambda L, d, arms: compare_command(runs, L, d, arms, seeds, extra)
+    one = lambda job: run_job(command, job)
 
     # the baseline of a size first (the flops budget is the baseline's), longest sizes first
     jobs = sorted(((L, d, a) for L, d in sizes for a in size_arms(L)),
@@ -149,21 +158,11 @@ def dense_only(jobs: int, widths: list[int]) -> int:
     from accellib.compare import paired_gaps
     path = ROOT / "results" / "scaling_trend.json"
     res = json.loads(path.read_text())
-    runs, env = ROOT / "runs" / "scaling_dense", dict(os.environ, OMP_NUM_THREADS="1")
+    runs = ROOT / "runs" / "scaling_dense"
     extra, seeds = res["extra"], res["seeds"]
 
-    def command(L: int, d: int, arms: str) -> list[str]:
-        return [sys.executable, "-m", "accellib.compare", "--config", str(CONFIG), "--out", str(runs / f"{L}x{d}"),
-                "--budget", "flops", "--seeds", str(seeds), "--train.threads=1", "--train.progress=false",
-                "--arms", arms, "--resume", *size_overrides(L, d), *extra]
-
-    def one(job: tuple[int, int, str]) -> None:
-        L, d, arm = job
-        t0 = time.perf_counter()
-        r = subprocess.run(command(L, d, arm), cwd=ROOT, env=env, capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"{L}x{d} {arm} failed:\n{r.stderr[-3000:]}")
-        print(f"  {L}x{d} {arm} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    command = lambda L, d, arms: compare_command(runs, L, d, arms, seeds, extra)
+    one = lambda job: run_job(command, job)
 
     sizes = [tuple(s) for s in res["sizes"] if s[1] in widths]
     todo = sorted(((L, d, a) for L, d in sizes for a in size_arms(L)[len(ARMS):]), key=lambda j: -j[0] * j[1] ** 2)
