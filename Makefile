@@ -40,7 +40,8 @@ test: install data
 	  --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
 
 # The results cache the notebooks read (results/*.json): multi-seed, equal-compute experiments on the
-# tutorial baseline and the Ouroboros arms (configs/ouroboros.yaml), about 32 min on 2 cores (benchmarks/reproduce.py --jobs N uses N cores)
+# tutorial baseline (with the dense frontier: tutorial_flops 52 min, its LR check 20 min, with 2 jobs on a busy
+# 2-core machine) and the Ouroboros arms (configs/ouroboros.yaml); benchmarks/reproduce.py --jobs N uses N cores
 results: install data
 	$(PY) benchmarks/reproduce.py
 
