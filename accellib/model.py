@@ -271,9 +271,20 @@ def head_loss(ln_f: nn.Module, lm_head: nn.Linear, x: torch.Tensor, targets: tor
     return logits, loss
 
 
+def portable_inductor() -> None:
+    """Under ATEN_CPU_CAPABILITY=default (PyTorch's portable CPU kernels, CI's second run) Inductor still
+    emits vectorised C++ (at::vec) that does not compile against those headers (torch 2.13: "'at::vec' has
+    not been declared"): scalar kernels (cpp.simdlen = 1) there. Nothing changes on any other setting."""
+    import os
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        import torch._inductor.config as inductor_config
+        inductor_config.cpp.simdlen = 1
+
+
 @functools.lru_cache(maxsize=None)
 def compiled_head_loss(backend: str):
     """head_loss under torch.compile with `backend`, built once per backend per process."""
+    portable_inductor()
     return torch.compile(head_loss, backend=backend)
 
 

@@ -102,6 +102,8 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
     their names, so checkpoints and exports do not change. The head and the loss (ln_f -> lm_head ->
     cross-entropy) are compiled as one more region (accellib.model.head_loss): run eagerly outside the
     compiled blocks, the loss of 16-bit logits was the largest cost of a GPT-2-small step."""
+    from .model import portable_inductor
+    portable_inductor()
     for block in model.blocks:  # (models without blocks are refused by the config's validation)
         block.compile(backend=backend)
     if hasattr(model, "head_loss_backend"):
