@@ -33,7 +33,7 @@ from .tasks import make_task
 from .records import read_metrics, read_record, write_json
 from .launch import process_state
 from .run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
-from .stats import mean_sd, paired
+from .stats import Paired, mean_sd, paired
 from .train import USER_ERRORS, report, training_function
 
 
@@ -420,8 +420,7 @@ def format_gaps(rows: list[dict], front: dict) -> str:
 
 
 def _paired_text(d: dict) -> str:
-    from .stats import Paired
-    return Paired(**{**d, "gaps": tuple(d["gaps"])}).text()
+    return Paired.from_dict(d).text()
 
 
 def format_table(rows: list[dict]) -> str:

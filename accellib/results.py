@@ -71,7 +71,7 @@ def frontier_arm(res: dict) -> str | None:
 def gap(res: dict, arm: str, control: str = "frontier") -> Paired | None:
     """An arm's paired gap (arm - control per seed, `accellib.stats`) to "baseline" or "frontier"."""
     d = arm_row(res, arm).get(f"vs_{control}")
-    return None if d is None else Paired(**{**d, "gaps": tuple(d["gaps"])})
+    return None if d is None else Paired.from_dict(d)
 
 
 def verdicts(res: dict, control: str = "frontier") -> dict[str, str]:

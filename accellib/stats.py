@@ -96,6 +96,11 @@ class Paired:
             return f"{self.mean:+{fmt}} (n={self.n}): {self.verdict}"
         return f"{self.mean:+{fmt}} [{self.lo:+{fmt}}, {self.hi:+{fmt}}] (n={self.n}): {self.verdict}"
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Paired":
+        """The inverse of to_dict (a summary.json's `vs_baseline` / `vs_frontier`)."""
+        return cls(**{**d, "gaps": tuple(d["gaps"])})
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["gaps"] = list(self.gaps)

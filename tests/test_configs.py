@@ -70,7 +70,7 @@ def test_gpu_scale_config_reads_what_prepare_hf_writes(name, dataset):
 
 def test_documented_prepare_commands_write_where_the_configs_read():
     # notebooks 01/03/04 once told students to prepare into data/owt_gpt2, a folder no config reads
-    docs = [ROOT / "README.md", *sorted((ROOT / "notebooks").glob("*.ipynb")),
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
             *sorted((ROOT / "notebooks" / "solutions").glob("*.md"))]
     read = {str(ROOT / load_config(ROOT / "configs" / f"{n}.yaml").data.path) for n in GPU_SCALE}
     found = 0
