@@ -98,13 +98,23 @@ _READERS = {"images": "image data, which model.kind=vit, cnn or mlp reads",
             "tokens": "token data, which model.kind=gpt or mlm reads"}
 
 
+def _kind_by_files(data_dir: Path) -> str | None:
+    """What a folder holds by its data files alone (for a meta.json that cannot be read): image arrays
+    (*.npy) or token files (train.bin / val.bin); None when neither or both."""
+    images = any(data_dir.glob("*.npy"))
+    tokens = (data_dir / "train.bin").exists() or (data_dir / "val.bin").exists()
+    return "images" if images and not tokens else "tokens" if tokens and not images else None
+
+
 def other_kind(data_dir: Path, meta, wanted: str) -> str | None:
     """A one-line reason when meta.json says `data_dir` holds another kind of data than `wanted`
     ("tokens" or "images"), else None. It never suggests rebuilding the folder: that would replace
-    a dataset another config reads. It names the repo's configs that read the folder."""
-    if not isinstance(meta, dict):
-        return None
-    kind = "images" if meta.get("kind") == "images" else "tokens" if "tokenizer" in meta else None
+    a dataset another config reads. It names the repo's configs that read the folder. When meta.json
+    cannot be read, the folder's data files (image arrays or token files) decide."""
+    if isinstance(meta, dict):
+        kind = "images" if meta.get("kind") == "images" else "tokens" if "tokenizer" in meta else None
+    else:
+        kind = _kind_by_files(data_dir)
     if kind is None or kind == wanted:
         return None
     users = []
@@ -188,8 +198,13 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
         raise DataError(f"no token data in {data_dir}: {prepare_hint(data_dir, force=False)}")
     try:
         meta = json.loads(meta_path.read_text())
-        if why := other_kind(data_dir, meta, "tokens"):
-            raise DataError(why)
+    except ValueError as e:  # unreadable: the data files say whether a rebuild may be suggested
+        why = other_kind(data_dir, None, "tokens")
+        raise DataError(f"unreadable {meta_path} ({type(e).__name__}: {e}): "
+                        f"{why or prepare_hint(data_dir)}") from None
+    if why := other_kind(data_dir, meta, "tokens"):
+        raise DataError(why)
+    try:
         fix = prepare_hint(data_dir, meta.get("created_by"))
         counts = {split: int(meta[f"n_{split}"]) for split in ("train", "val")}
         vocab_size = int(meta["vocab_size"])

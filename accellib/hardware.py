@@ -28,6 +28,7 @@ PEAK_FLOPS = {
     "H200 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12),
     "H200": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM
     "H100": dict(bf16=989e12, tf32=494e12, fp32=67e12),   # SXM ("NVIDIA H100 80GB HBM3")
+    "GB200": dict(bf16=2500e12, tf32=1250e12),  # per GPU of a GB200 NVL72 (its sheet: 180 / 90 PF dense for 72)
     "B200": dict(bf16=2250e12, tf32=1100e12),
     "A100": dict(bf16=312e12, tf32=156e12, fp32=19.5e12),
     "L40S": dict(bf16=362e12, tf32=183e12, fp32=91.6e12),

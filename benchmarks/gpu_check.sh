@@ -37,8 +37,12 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     echo "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); run it on a machine with an NVIDIA GPU and a CUDA build of torch" >&2
     exit 1
 fi
-if ! command -v "${CC:-cc}" >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && ! command -v clang >/dev/null 2>&1; then
-    echo "gpu_check: no C compiler found (${CC:-cc}, gcc, clang); Triton needs one at the first torch.compile: install gcc (e.g. apt-get install build-essential) or set CC" >&2
+if [ -n "${CC:-}" ] && ! command -v "$CC" >/dev/null 2>&1; then
+    echo "gpu_check: CC=$CC is not a command; Triton would use it at the first torch.compile: install it, or unset CC" >&2
+    exit 1
+fi
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && ! command -v clang >/dev/null 2>&1; then
+    echo "gpu_check: no C compiler found (cc, gcc, clang); Triton needs one at the first torch.compile: install gcc (e.g. apt-get install build-essential) or set CC" >&2
     exit 1
 fi
 start=$(date +%s)

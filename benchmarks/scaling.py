@@ -1,5 +1,5 @@
-"""The scale trend (notebook 09): does each technique's loss gap to a compute-matched baseline shrink as
-the model grows toward the papers' regime, and where would it start to pay off?
+"""The scale trend (notebook 09): how each technique's loss gap, to the same-size baseline and to the dense
+frontier (the best plain model for the same FLOPs), moves as the model grows, over the sizes a CPU can train.
 
     python benchmarks/scaling.py                 # the whole sweep, 2 processes -> results/scaling_trend.json
     python benchmarks/scaling.py --widths 64,128 # a sub-grid (the record says which sizes it holds)

@@ -661,3 +661,27 @@ def test_a_folder_of_another_kind_of_data_is_never_named_in_a_fix(digits_dir, tm
     msg = str(e.value)
     assert "holds token data" in msg and "model.kind=gpt or mlm" in msg, msg
     assert "--out" not in msg and "--force" not in msg and "prepare_shakespeare" not in msg
+
+
+def test_an_unreadable_meta_json_beside_another_kinds_files_is_never_rebuilt(digits_dir, tmp_path):
+    # issue 26 item 3, the case left: image arrays whose meta.json is corrupt, read by a GPT config, were
+    # answered with "pass --out <folder> --force", and the Shakespeare script would replace the images
+    import shutil
+    from accellib.image_data import load_image_data
+    images = tmp_path / "digits"
+    shutil.copytree(digits_dir, images)
+    (images / "meta.json").write_text("{ not json")
+    with pytest.raises(DataError) as e:
+        load_token_data(images)
+    msg = str(e.value)
+    assert "unreadable" in msg and "holds image data" in msg, msg
+    assert "--force" not in msg and "prepare_shakespeare" not in msg and "\n" not in msg
+    # the other way round: token files with a corrupt meta.json under an image config
+    tokens = tc.prepare(corpus(), tmp_path / "tok", "byte", created_by="python data_scripts/prepare_shakespeare.py")[0]
+    (tokens / "meta.json").write_text("[")
+    with pytest.raises(DataError) as e:
+        load_image_data(tokens)
+    assert "holds token data" in str(e.value) and "--force" not in str(e.value), str(e.value)
+    # a token folder of its own kind with a corrupt meta.json still gets its rebuild command
+    with pytest.raises(DataError, match="--force"):
+        load_token_data(tokens)

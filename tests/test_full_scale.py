@@ -66,6 +66,7 @@ def test_no_dynamo_from_the_launcher_passes_and_prepare_compiles_nothing(value, 
 @pytest.mark.parametrize("name,key,peak", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989e12), ("NVIDIA H100 PCIe", "bf16", 756e12),
     ("NVIDIA H100 NVL", "bf16", 835e12), ("NVIDIA H200", "bf16", 989e12), ("NVIDIA B200", "bf16", 2250e12),
+    ("NVIDIA GB200", "bf16", 2500e12),
     ("NVIDIA B200", "fp32", None), ("NVIDIA A100-SXM4-80GB", "tf32", 156e12), ("Some New GPU", "bf16", None)])
 def test_peak_table_tells_h100_variants_apart_and_has_b200(name, key, peak):
     assert table_peak(name, key) == peak
@@ -87,6 +88,13 @@ def test_gpu_check_sh_stops_in_one_line_without_a_c_compiler(tmp_path):
                        text=True, timeout=60)
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "no C compiler found" in p.stderr
+    # CC naming a compiler that is not there: Triton would use it, so it is refused even when gcc exists
+    (bin_ / "gcc").symlink_to(shutil.which("true"))
+    env.update(CC="no-such-cc")
+    p = subprocess.run([shutil.which("bash"), "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "CC=no-such-cc is not a command" in p.stderr
 
 
 # FSDP launches: tests/test_fsdp.py

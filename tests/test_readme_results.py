@@ -31,7 +31,8 @@ def test_readme_technique_rows_state_the_paired_verdicts_of_their_results():
     expected = []
     # PLD / SBLD: layer_drop_cpu.json keeps only medians over seeds, so the README may quote them but not judge
     ld = load_result("layer_drop_cpu")
-    assert all("per_seed" not in r for r in ld["to_target"])
+    # (a re-run of benchmarks/layer_drop.py stores the paired verdicts as vs_matched: then judge them here)
+    assert all("per_seed" not in r and "vs_matched" not in r for r in ld["to_target"])
     for arm in ("pld", "sbld"):
         rows = [r for r in ld["to_target"] if r["arm"] == arm]
         gaps = "/".join(f"{-r['gain_vs_matched_baseline']:+.3f}" for r in rows)
@@ -58,3 +59,24 @@ def test_readme_is_a_front_page_whose_links_resolve():
     for page in [readme, *sorted((REPO_ROOT / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_readme_lr_claim_the_technique_loses_at_every_pairing_of_the_checked_lrs():
+    """README: the best technique arm loses to the best dense arm at every pairing of 0.5x / 1x / 2x the tutorial
+    LR (results/tutorial_flops_lr.json beside tutorial_flops.json's 1x runs), each judged by the one rule."""
+    from accellib.results import arm_row
+    from accellib.stats import paired
+    flops, lr = load_result("tutorial_flops"), load_result("tutorial_flops_lr")
+    by_seed = lambda res, arm: dict(zip(arm_row(res, arm)["seed_labels"], arm_row(res, arm)["val_losses"]))
+    runs = {}
+    for res in (flops, lr):
+        for r in res["summary"]["rows"]:
+            base = r["arm"].split("@")[0]
+            if base in ("dense-L1", "sbld+random_ltd"):
+                runs.setdefault(base, []).append(by_seed(res, r["arm"]))
+    assert len(runs["dense-L1"]) == len(runs["sbld+random_ltd"]) == 3
+    for tech in runs["sbld+random_ltd"]:
+        for dense in runs["dense-L1"]:
+            seeds = sorted(tech)
+            assert paired([tech[k] for k in seeds], [dense[k] for k in seeds]).verdict == "loses"
+    assert "the technique loses at every pairing of the two" in (REPO_ROOT / "README.md").read_text()

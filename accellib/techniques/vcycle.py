@@ -69,7 +69,7 @@ def plan_stages(cfg: RunConfig) -> list[Stage]:
     if others:
         raise ConfigError(f"multilevel cannot be combined with {others[0]}: every V-cycle stage restarts the step "
                           f"counter, so {others[0]}'s schedule would restart with it; enable only one of them")
-    if cfg.log.trackers:  # each stage's Trainer has its own Accelerator and step counter: not one tracked run
+    if cfg.log.trackers:  # each stage's Trainer counts its own steps (one Accelerator is shared): not one tracked run
         raise ConfigError(f"log.trackers={','.join(cfg.log.trackers)} does not work with multilevel yet (every "
                           "V-cycle stage is its own Trainer, counting steps from 0); drop it: the run's "
                           "metrics.jsonl has every stage on global steps")
