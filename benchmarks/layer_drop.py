@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from accellib.config import load_config  # noqa: E402
-from accellib.stats import Paired, from_gaps  # noqa: E402
 from accellib.records import write_json  # noqa: E402
+from accellib.stats import Paired, from_gaps  # noqa: E402
 from accellib.trainer import Trainer  # noqa: E402
 
 # (a) times the brief's model; (b) needs 21 runs of 400 steps, so it uses a narrower, shorter-context one
