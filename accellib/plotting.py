@@ -2,39 +2,69 @@
 arm in every figure, and the unigram/bigram reference losses on every language-model loss plot."""
 from __future__ import annotations
 
+import re
 import zlib
 from pathlib import Path
 
 import matplotlib
 
-# Okabe-Ito palette (colour-blind safe)
+# Okabe-Ito palette (colour-blind safe): the first colours of the registry below
 COLORS = ["#000000", "#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#F0E442"]
 
-# the same arm has the same colour in every notebook and in compare.png
-ARM_COLORS = {"baseline": COLORS[0], "pld": COLORS[1], "sbld": COLORS[2], "random_ltd": COLORS[3],
-              "multilevel": COLORS[4], "pld+random_ltd": COLORS[5], "sbld+random_ltd": COLORS[6],
-              "control": "#777777",
-              # engines that split the model (notebooks 05, 06): shades that stay clear of the baseline's black
-              "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
-              "ouroboros": "#17becf",
-              # plain models of other depths at the same budget (the dense frontier): greys, light = shallow,
-              # drawn dashed (`arm_linestyle`)
-              "dense-L1": "#c4c4c4", "dense-L2": "#a8a8a8", "dense-L3": "#8c8c8c", "dense-L4": "#5e5e5e",
-              "dense-L5": "#3f3f3f"}
+# The course's one colour registry: every arm, and every other named series a notebook draws (number
+# formats, accumulation orders, normalisations), has one colour here, the same in every notebook and in
+# compare.png, and no two names share one (tests/test_plotting.py). A variant of an arm, written
+# 'arm@setting' or 'arm setting' (e.g. 'pld 0.7', 'ouroboros_k2@lr3.5e-3'), takes its arm's colour: its panel or
+# line style tells it apart. Register a new arm here before a notebook draws it.
+ARM_COLORS = {
+    # the tutorial's arms (notebooks 00-04, 09)
+    "baseline": "#000000", "pld": "#E69F00", "sbld": "#56B4E9", "random_ltd": "#009E73",
+    "multilevel": "#D55E00", "pld+random_ltd": "#0072B2", "sbld+random_ltd": "#CC79A7", "control": "#777777",
+    # plain models of other depths at the same budget (the dense frontier): greys, light = shallow, dashed
+    "dense-L1": "#c4c4c4", "dense-L2": "#a8a8a8", "dense-L3": "#8c8c8c", "dense-L4": "#5e5e5e", "dense-L5": "#3f3f3f",
+    "dense-L6": "#262626",
+    # engines that split the model (notebooks 05, 06)
+    "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
+    # notebook 05: layered gradient accumulation (the 'standard' order is the baseline's) and the planner's
+    # 'improved' method (layered accumulation + modular pipeline; its 'baseline' method is the baseline's colour)
+    "layered": "#9467bd", "improved": "#1f77b4",
+    # low-precision arms (notebook 07): FP8 operands with several accumulators; the mantissa sweep
+    "fp8_fp32acc": "#7b3294", "fp8_naive": "#b2182b", "fp8_chunk64": "#2166ac", "fp8_chunk64_rne": "#67a9cf",
+    "acc_m6_naive": "#fdb863", "acc_m4_naive": "#e08214", "acc_m2_naive": "#8c510a",
+    "acc_m4_chunk32": "#5ab4ac", "acc_m2_chunk32": "#01665e",
+    # number formats (notebook 07)
+    "e6m9": "#4d9221", "fp16": "#c51b7d", "bf16": "#a6761d", "e5m2": "#2ca02c", "e4m3": "#ff7f0e",
+    # normalisation arms (notebook 08): SL = standardization loss; BN, LN = batch, layer norm
+    "sl": "#d6604d", "bn": "#4393c3", "ln": "#542788", "noln": "#b8e186", "noln_sl": "#f4a582",
+    # the image configs' other normalisation arms (configs/mnist_cnn.yaml, cifar10_vit_sl.yaml)
+    "mlp": "#7f7f7f", "mlp_bn": "#9ecae1", "mlp_sl": "#fc9272", "no_norm": "#c7e9c0", "no_norm_sl": "#fdd0a2",
+}
 REFERENCE_STYLE = {"unigram": ":", "bigram": "--"}
 
 X_LABELS = dict(step="optimizer step", flops="training FLOPs (analytic)", wall="wall time (s)",
                 tokens="tokens seen", layer_tokens="layer-tokens")
 
 
-def arm_color(label: str) -> str:
-    """The colour of an arm: its name before any '/seed...' or ' ' suffix (e.g. 'pld 0.7' is PLD's)."""
+def arm_family(label: str) -> str:
+    """The registered arm a label draws as: its name before any '/seed...' and then before any '@' or ' '."""
     name = label.split("/")[0]
-    if name in ARM_COLORS:
-        return ARM_COLORS[name]
-    base = name.split(" ")[0]
+    if re.fullmatch(r"lr[0-9.e-]+_wu\d+", name):      # notebook 00's LR x warm-up sweep: the baseline at other settings
+        return "baseline"
+    return name if name in ARM_COLORS else name.split("@")[0].split(" ")[0]
+
+
+def arm_color(label: str) -> str:
+    """The colour of an arm (see ARM_COLORS); an arm no notebook draws (a user's own) gets a stable colour
+    from its name, outside the registry's."""
+    fam = arm_family(label)
+    if fam in ARM_COLORS:
+        return ARM_COLORS[fam]
     # zlib.crc32, not hash(): str hashes change with every process, and a colour must not
-    return ARM_COLORS.get(base, COLORS[zlib.crc32(base.encode()) % len(COLORS)])
+    return _SPARE[zlib.crc32(fam.encode()) % len(_SPARE)]
+
+
+# colours no registered arm uses, for arms outside the course
+_SPARE = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5"]
 
 
 def arm_linestyle(label: str) -> str:

@@ -1,0 +1,80 @@
+"""The notebooks' "your turn" exercises (accellib/exercises.py): each of notebooks 01-08 has one "# YOUR TURN" cell
+and a "# CHECK" cell right after it. As shipped the check says the function is not written yet; with the reference
+answer from notebooks/solutions/ in place of the your-turn cell it must print PASS; and `check` itself reports the
+first mismatch of a wrong answer."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from accellib.exercises import NOT_WRITTEN, check
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("0[1-8]_*.ipynb"))
+
+
+def exercise(nb_path: Path) -> tuple[str, str, str]:
+    """(your-turn cell, check cell, solution code) of a notebook; the solution is the first ```python block after
+    the line '## Your turn' in its solutions file."""
+    cells = [c for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code"]
+    srcs = ["".join(c["source"]) for c in cells]
+    turn = [i for i, s in enumerate(srcs) if s.lstrip().startswith("# YOUR TURN")]
+    assert len(turn) == 1, f"{nb_path.name}: {len(turn)} '# YOUR TURN' cells, want one"
+    i = turn[0]
+    assert srcs[i + 1].lstrip().startswith("# CHECK"), f"{nb_path.name}: the cell after '# YOUR TURN' is not '# CHECK'"
+    sol_md = (ROOT / "notebooks" / "solutions" / f"{nb_path.stem}_solutions.md").read_text()
+    m = re.search(r"^## Your turn.*?```python\n(.*?)```", sol_md, re.S | re.M)
+    assert m, f"{nb_path.stem}_solutions.md has no '## Your turn' section with a ```python block"
+    return srcs[i], srcs[i + 1], m.group(1)
+
+
+def run(*sources: str) -> str:
+    out, ns = io.StringIO(), {"__name__": "__exercise__"}
+    with contextlib.redirect_stdout(out):
+        for s in sources:
+            exec(compile(s, "<cell>", "exec"), ns)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_the_shipped_cell_is_empty_and_the_solution_passes(nb):
+    torch.manual_seed(0)
+    turn, chk, solution = exercise(nb)
+    assert "raise NotImplementedError" in turn, f"{nb.name}: the your-turn cell must ship empty"
+    shipped = run(turn, chk)
+    assert NOT_WRITTEN in shipped and "PASS" not in shipped, shipped
+    solved = run(solution, chk)
+    assert "PASS:" in solved and "FAIL" not in solved, f"{nb.name}: the solution does not pass its check:\n{solved}"
+
+
+def test_check_reports_the_first_mismatch_and_exceptions():
+    ref = lambda x: [v * 2 for v in x]
+    def wrong(x):
+        return [v * 2 if v < 3 else v for v in x]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert check(ref, ref, [([1, 2],), ([1, 5],)]) is True
+        assert check(wrong, ref, [([1, 2],), ([1, 5],), ([7],)]) is False
+    text = out.getvalue()
+    assert "PASS: <lambda> matches" in text and "FAIL on case 2 of 3" in text and "[2, 10]" in text and "[2, 5]" in text
+    def broken(x):
+        return x[10]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert check(broken, ref, [([1],)]) is False
+    assert "raised IndexError" in out.getvalue()
+
+
+def test_tensors_compare_exactly_unless_a_tolerance_is_given():
+    a = torch.ones(3)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert not check(lambda: a + 1e-6, lambda: a, [()])
+        assert check(lambda: a + 1e-6, lambda: a, [()], atol=1e-5)
+        assert not check(lambda: a[:2], lambda: a, [()])        # a shape mismatch is a mismatch
