@@ -1,9 +1,36 @@
-"""accellib: readable implementations of techniques that make transformer training faster,
-driven by one HuggingFace Accelerate training loop."""
+"""accellib: readable implementations of techniques that make transformer training faster, on one Accelerate loop.
+
+The layout is the architecture (docs/data_and_layout.md lists every module):
+    train.py compare.py evaluate.py export.py   the command lines, `python -m accellib.X`
+    core/        the one training loop and what it runs on     models/    the networks and losses
+    data/        token and image folders on disk               techniques/  hook-point techniques
+    parallel/    engines that split a step across processes    numerics/  emulated low precision
+    drivers/     what builds several Trainers (V-cycle, comparison plan)
+    analysis/    FLOPs, statistics, planner, trend, results, plotting      course/    the notebooks' checker
+"""
 from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The repository checkout this package lives in (editable install): data/, configs/, results/ and
-# notebooks/ are found from here, never from the working directory.
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# The repository checkout this package lives in (an editable install), where configs/, data/, results/
+# and notebooks/ are; None for a package installed outside a checkout (`pip install .`).
+_HERE = Path(__file__).resolve().parents[1]
+CHECKOUT = _HERE if (_HERE / "pyproject.toml").is_file() and (_HERE / "configs").is_dir() else None
+
+
+class CheckoutError(FileNotFoundError):
+    """What needs the repository's configs/, data/ or results/ was asked of an installed package; one line."""
+
+
+def repo_root(what: str = "this") -> Path:
+    """The checkout's root, or a one-line CheckoutError saying that `what` needs one."""
+    if CHECKOUT is None:
+        raise CheckoutError(f"{what} needs a checkout of the accellib repository (its configs/, data/, results/), "
+                            f"but accellib is installed in {_HERE}; clone the repository and `pip install -e .` there")
+    return CHECKOUT
+
+
+def __getattr__(name: str):
+    if name == "REPO_ROOT":  # notebooks and tests: `from accellib import REPO_ROOT` (the checkout)
+        return repo_root("accellib.REPO_ROOT")
+    raise AttributeError(f"module 'accellib' has no attribute {name!r}")

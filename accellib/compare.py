@@ -12,123 +12,30 @@ other sizes are named, not written: `dense-L3` is the base with 3 blocks, `dense
 equal FLOPs each trains until it has spent the baseline's FLOPs, with its own LR horizon, exactly as a
 technique arm does; the summary then judges every arm against the *dense frontier* (the best plain
 model at this budget, chosen without looking at the seed it is judged on; see `frontier`) as well as
-against the same-size baseline, by the one paired rule of `accellib.stats`.
+against the same-size baseline, by the one paired rule of `accellib.analysis.stats`.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
 
 import yaml
 
-from .budget import BUDGETS, resolve
-from .config import ConfigError, RunConfig, apply_dict, load_config, parse_overrides, read_yaml, with_horizon
-from .tasks import make_task
-from .records import read_metrics, read_record, write_json
-from .launch import process_state
-from .run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
-from .stats import Paired, mean_sd, paired
+from .drivers.arms import (CONTROLS, DENSE, arm_configs, baseline_arm, check_data, check_same_data, is_dense,
+                           is_plain, load_arms, plan_runs)
+from .drivers.budget import BUDGETS
+from .core.options import ConfigError
+from .core.config import RunConfig, load_config
+from .core.tasks import make_task
+from .core.records import read_metrics, read_record, write_json
+from .core.launch import process_state
+from .core.run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
+from .analysis.stats import Paired, mean_sd, paired
 from .train import USER_ERRORS, report, training_function
-
-
-def load_arms(path: str | Path) -> tuple[dict, dict]:
-    p = Path(path)
-    raw = read_yaml(p)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p} must be a mapping of sections and `arms:`, got "
-                          f"{'an empty file' if raw is None else 'a ' + type(raw).__name__}; see configs/tutorial.yaml")
-    arms = raw.pop("arms", None) or {"baseline": {}}
-    if not isinstance(arms, dict):
-        raise ConfigError(f"`arms:` in {p} must map arm names to overrides, e.g. `pld: {{pld: {{enabled: true}}}}`")
-    return raw, arms
-
-
-DENSE = re.compile(r"^dense-L(\d+)(?:-d(\d+))?$")
-CONTROLS = ("none", "dense")
-
-
-def is_dense(arm: str) -> bool:
-    """A plain arm of another size (`dense-L3`, `dense-L3-d96`): no technique, only the model's shape."""
-    return DENSE.match(arm) is not None
-
-
-def is_plain(arm: str) -> bool:
-    """An arm the dense frontier is chosen from: the baseline and the dense arms."""
-    return arm == "baseline" or is_dense(arm)
-
-
-def dense_arms(base: RunConfig) -> list[str]:
-    """The arms `--control dense` adds: every depth below the base's (its own depth is the baseline)."""
-    return [f"dense-L{n}" for n in range(1, base.model.n_layer)]
-
-
-def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str] | None,
-                control: str = "none") -> dict[str, RunConfig]:
-    """Every arm's config: the base, the arm's overrides, the command line's; validated. A `dense-L<n>[-d<w>]`
-    arm is the base (with the command line's overrides) at n blocks (and width w); `control="dense"` adds
-    the default dense arms (`dense_arms`) to the ones named."""
-    if control not in CONTROLS:
-        raise ConfigError(f"--control {control!r} is not one of {', '.join(CONTROLS)}")
-    base, all_arms = load_arms(config)
-    names = arms or list(all_arms)
-    unknown = [a for a in names if a not in all_arms and not is_dense(a)]
-    if unknown:
-        raise ConfigError(f"unknown arm {unknown[0]!r}; {config} defines {', '.join(all_arms)} "
-                          "(plain arms of other sizes are named dense-L<blocks> or dense-L<blocks>-d<width>)")
-    cli = parse_overrides(overrides or [])
-    plain = apply_dict(load_config(None, None, extra=base), cli)
-    if control == "dense":
-        names = names + [a for a in dense_arms(plain) if a not in names]
-    cfgs = {}
-    for name in names:
-        cfg = load_config(None, None, extra=base)
-        apply_dict(cfg, all_arms.get(name) or {})
-        cfg = apply_dict(cfg, cli)
-        if name not in all_arms:   # dense-L<n>[-d<w>]: the plain base at another size
-            n, w = DENSE.match(name).groups()
-            cfgs[name] = apply_dict(cfg, {"model": {"n_layer": int(n), **({"d_model": int(w)} if w else {})}})
-        else:
-            cfgs[name] = cfg
-    return cfgs
-
-
-def check_data(cfgs: dict[str, RunConfig]) -> None:
-    """Open every arm's data (a DataError before anything is deleted) and fill in the model fields the
-    data decides (vocab_size; a ViT's seq_len), so the configs compare equal to the ones stored in the
-    arms' folders."""
-    opened = {}
-    for cfg in cfgs.values():
-        task = make_task(cfg, opened.get((cfg.data.path, cfg.model.kind)))
-        opened[(cfg.data.path, cfg.model.kind)] = task.data
-        task.configure()
-
-
-def tokens_per_step(cfg: RunConfig, world: int) -> int:
-    """Tokens one optimizer step of `cfg` trains on `world` processes: data-parallel replicas (every
-    process for a plain run; an engine's own count, e.g. 1 for an Ouroboros ring) x batch x accumulation."""
-    from .techniques import build_techniques
-    engine = next((t for t in build_techniques(cfg) if getattr(t, "splits_model", False)), None)
-    dp = world if engine is None else engine.data_parallel(world)
-    return dp * cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
-
-
-def check_same_data(cfgs: dict[str, RunConfig], world: int) -> None:
-    """Arms compared step for step must train on as many tokens per step. Under several processes an engine
-    arm (Ouroboros, a pipeline) splits the processes otherwise than a data-parallel arm: refused in one line."""
-    seen = {a: tokens_per_step(c, world) for a, c in cfgs.items()}
-    first = next(iter(seen))
-    for a, n in seen.items():
-        if n != seen[first]:
-            raise ConfigError(f"on {world} processes arm {a} sees {n:,} tokens per step and arm {first} "
-                              f"{seen[first]:,} (they split the processes differently), so the table would compare "
-                              "unequal data; run the comparison on one process (python -m accellib.compare ...), "
-                              "or compare arms of one kind under torchrun")
 
 
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
@@ -199,53 +106,6 @@ def check_budget(out: Path, budget: str, seeds: int, overwrite: bool) -> None:
         raise ConfigError(f"{out} holds runs ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) compared with "
                           f"--budget {now.get('budget')} --seeds {now.get('seeds')}; add arms with the same, "
                           "or replace the comparison with --overwrite (or choose another --out)")
-
-
-def seed_labels(arms: list[str], seed: int, seeds: int) -> dict[tuple[str, int], str]:
-    """(arm, seed) -> the run's folder under --out: `<arm>` for one seed, `<arm>/seed<k>` for several."""
-    return {(a, seed + k): a if seeds == 1 else f"{a}/seed{seed + k}" for a in arms for k in range(seeds)}
-
-
-def baseline_arm(names: list[str]) -> str:
-    return "baseline" if "baseline" in names else names[0]
-
-
-def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 1,
-              stored: dict | None = None, base_cfg: RunConfig | None = None) -> tuple[dict[str, RunConfig], dict]:
-    """Every run's config: each arm at each seed, with the steps (and FLOPs cap) its budget gives it.
-    `stored`: the budget.json of the comparison being resumed. A wall budget is measured, so the steps
-    stored for an arm are reused (measuring again would give a slightly different horizon); steps and
-    FLOPs budgets are recomputed, they come out the same. `base_cfg`: the baseline's config when the
-    baseline is not among `cfgs` (e.g. `--arms pld`), named "baseline"."""
-    base = baseline_arm(list(cfgs)) if base_cfg is None else "baseline"
-    seed0 = (base_cfg or cfgs[base]).train.seed
-    if stored is not None and (stored.get("budget"), stored.get("seeds")) != (budget, seeds):
-        raise ConfigError(f"the comparison was run with --budget {stored.get('budget')} --seeds {stored.get('seeds')}; "
-                          "resume it with the same, or --overwrite")
-    kept = (stored or {}).get("per_seed", {}) if budget == "wall" else {}
-    plans, runs = {}, {}
-    for k in range(seeds):
-        seeded = {a: copy.deepcopy(c) for a, c in cfgs.items()}
-        base_k = seeded[base] if base_cfg is None else copy.deepcopy(base_cfg)
-        for c in [*seeded.values(), base_k]:
-            c.train.seed = seed0 + k
-        old = kept.get(str(k), {}).get("steps", {})
-        todo = {a: c for a, c in seeded.items() if a not in old}
-        if budget == "wall" and k > 0:
-            plans[k] = plans[0]
-        elif todo:
-            plans[k] = resolve(budget, base_k, todo | {base: base_k}, world)
-            for field in ("steps", "flops_budget"):
-                plans[k][field] = {**kept.get(str(k), {}).get(field, {}), **plans[k][field]}
-        else:
-            plans[k] = kept[str(k)]
-        for a, c in seeded.items():
-            n, cap = plans[k]["steps"][a], plans[k]["flops_budget"][a]
-            c = with_horizon(c, n) if n != c.train.steps else c
-            c.train.flops_budget = cap
-            runs[seed_labels([a], seed0 + k, seeds)[(a, seed0 + k)]] = c
-    return runs, dict(budget=budget, seeds=seeds, seed0=seed0, baseline=base,
-                      per_seed={str(k): p for k, p in plans.items()})
 
 
 def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
@@ -333,7 +193,7 @@ def frontier(losses: dict[str, dict[str, float]]) -> dict[str, str]:
 
 
 def paired_gaps(rows: list[dict], base: str) -> dict:
-    """Every arm's paired gaps (arm - control, per seed, `accellib.stats.paired`) to the same-size
+    """Every arm's paired gaps (arm - control, per seed, `accellib.analysis.stats.paired`) to the same-size
     baseline and, when plain arms of other sizes ran, to the dense frontier; written into the rows as
     `vs_baseline` / `vs_frontier` (Paired dicts) and returned as the frontier's record."""
     by = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in rows}
@@ -405,7 +265,7 @@ def _task_metric(results: dict, labels: list[str]) -> dict:
 
 def format_gaps(rows: list[dict], front: dict) -> str:
     """The paired verdicts: each arm minus the baseline, and minus the dense frontier, per seed; mean
-    [95% t-interval] (seeds): wins / loses / not resolved (`accellib.stats`)."""
+    [95% t-interval] (seeds): wins / loses / not resolved (`accellib.analysis.stats`)."""
     text = lambda r, k: _paired_text(r[k]) if k in r else "-"
     has_front = any("vs_frontier" in r for r in rows)
     w = max(16, *(len(r["arm"]) + 2 for r in rows))
@@ -471,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         return report(e)
     from accelerate.state import PartialState
     if PartialState().is_main_process:
-        from .plotting import plot_val_curves, save_fig, set_style
+        from .analysis.plotting import plot_val_curves, save_fig, set_style
         out = Path(args.out)
         plan = json.loads((out / "budget.json").read_text())
         rows = summarize(out, results, plan)
@@ -482,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
               "reaches the same seed's baseline final loss (ratios to the baseline's mean FLOPs and wall)")
         print(format_table(rows))
         front = paired_gaps(rows, plan["baseline"])
-        print(f"\npaired by seed: arm minus control, mean [95% t-interval] (seeds): verdict (accellib.stats)")
+        print(f"\npaired by seed: arm minus control, mean [95% t-interval] (seeds): verdict (accellib.analysis.stats)")
         print(format_gaps(rows, front))
         summary = dict(budget=args.budget, seeds=args.seeds, rows=rows, frontier=front)
         if args.lm_eval:

@@ -28,8 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .config import ConfigError
-from .export import ExportError, export_run, quiet_transformers
+from .core.options import ConfigError
+from .models.hf_gpt2 import ExportError, quiet_transformers
+from .export import export_run
 
 LOCAL_TASKS = ("corpus_ppl", "corpus_cloze")
 DOC_CHARS = 2000        # corpus_ppl document length (cut at the next line end)
@@ -44,7 +45,7 @@ class EvaluateError(RuntimeError):
 
 def validation_text(data_path: str | Path) -> str:
     """The held-out split of a token folder as text (bytes decoded, or the folder's tokenizer decoding)."""
-    from .data import load_token_data
+    from .data.tokens import load_token_data
     d = load_token_data(data_path)
     ids = d.val.tolist()
     if d.meta["tokenizer"] == "byte":
@@ -143,21 +144,21 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
         from lm_eval.tasks import TaskManager
     except ImportError:
         raise EvaluateError("lm-evaluation-harness is missing: pip install -e '.[hf]'") from None
-    from .run_dir import lock_run, unlock_run
+    from .core.run_dir import lock_run, unlock_run
     if not (run_dir / "record.json").is_file():
         raise EvaluateError(f"{run_dir} has no record.json: evaluate a finished run (python -m accellib.train "
                             f"--resume {run_dir} finishes it)")
     if err := lock_run(run_dir):  # a training or another evaluation writing the same record.json
         raise EvaluateError(err)
     try:
-        from .config import load_config
-        from .export import check_exportable
+        from .core.config import load_config
+        from .models.hf_gpt2 import check_exportable
         cfg = load_config(run_dir / "config.yaml")
         check_exportable(cfg.model)
         with tempfile.TemporaryDirectory(prefix="accellib_lm_eval_") as tmp, _quiet(not progress):
             local = [t for t in tasks if t in LOCAL_TASKS]
             if local:
-                from .data import load_token_data
+                from .data.tokens import load_token_data
                 bpt = float(load_token_data(cfg.data.path, verify=False).meta.get("bytes_per_token") or 1.0)
                 text = validation_text(cfg.data.path)
                 items = write_tasks(text, Path(tmp), cloze_context(cfg.model.seq_len, bpt))
@@ -234,7 +235,7 @@ def evaluate_arms(out: Path, labels: list[str], tasks: tuple[str, ...] = LOCAL_T
                   limit: int | None = None) -> tuple[dict, str]:
     """`compare --lm-eval`: evaluate every run of a comparison (out/<arm>[/seed<k>]); returns
     ({arm: {"task metric": [value per seed]}}, a table of means ± sd over seeds)."""
-    from .stats import mean_sd
+    from .analysis.stats import mean_sd
     per_arm: dict[str, dict[str, list[float]]] = {}
     notes = []
     for lb in labels:
@@ -265,7 +266,7 @@ def _prefix_id(hf_dir: Path, kind: str) -> int:
 
 
 def _store(run_dir: Path, out: dict) -> None:
-    from .records import read_record, write_json
+    from .core.records import read_record, write_json
     rec = read_record(run_dir)
     rec.setdefault("lm_eval", {}).update(out["tasks"])
     rec["lm_eval_info"] = {k: v for k, v in out.items() if k != "tasks"}

@@ -17,12 +17,13 @@ import os
 import sys
 from pathlib import Path
 
-from .config import ConfigError, RunConfig, help_text, load_config, read_yaml
-from .data import DataError
-from .launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
-from .run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
-from .model import num_params
-from .trainer import Trainer, TrainingError
+from .core.options import ConfigError
+from .core.config import RunConfig, help_text, load_config, read_yaml
+from .data.tokens import DataError
+from .core.launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
+from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
+from .models.transformer import num_params
+from .core.trainer import Trainer, TrainingError
 
 USER_ERRORS = (ConfigError, DataError, LaunchError, TrainingError)
 
@@ -32,22 +33,22 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
     `notebook_launcher`); returns the final metrics on every process. Everything that can refuse
     the run (launch, config, data, techniques, the V-cycle's stage plan, the run folder) is checked
     before `overwrite` deletes anything."""
-    from .plotting import plot_val_curves, save_fig, set_style
-    from .records import read_metrics, write_record
+    from .analysis.plotting import plot_val_curves, save_fig, set_style
+    from .core.records import read_metrics, write_record
 
     out = Path(out)
     if fsdp_requested():  # what cannot run under FSDP says so before any process group forms (one line)
         from .techniques import build_techniques, check_fsdp
         check_fsdp(build_techniques(cfg), cfg.model.kind)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
-    from .tasks import make_task
+    from .core.tasks import make_task
     task = make_task(cfg)
     data = task.data
     ml = cfg.techniques.get("multilevel")
     vcycle = ml is not None and ml.enabled
     if vcycle:  # the V-cycle drives one trainer per stage itself; planning it validates it
         from .techniques import REGISTRY, check_applicable
-        from .techniques.vcycle import plan_stages, run_vcycle
+        from .drivers.vcycle import plan_stages, run_vcycle
         check_applicable([REGISTRY[n] for n in cfg.enabled()], cfg.model.kind)  # (a Trainer checks the others)
         task.configure()
         plan_stages(cfg)
@@ -112,7 +113,7 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 def run_config(config: str | None, arm: str | None, overrides: list[str]) -> RunConfig:
     """The config to train: a plain config file, or one arm of a compare YAML (its base plus the arm's
     overrides, exactly as `python -m accellib.compare` would train it)."""
-    from .compare import arm_configs, baseline_arm, load_arms
+    from .drivers.arms import arm_configs, baseline_arm, load_arms
     p = Path(config) if config else None
     raw = read_yaml(p) if p is not None else None
     if isinstance(raw, dict) and "arms" in raw:

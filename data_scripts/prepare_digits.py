@@ -6,12 +6,12 @@
 8x8 pixels with values 0..16 (per its DESCR: the test set of the UCI optdigits data, 32x32 bitmaps
 reduced by counting the on pixels in 4x4 blocks), labels 0..9, stored unchanged as uint8
 (1797, 1, 8, 8). The split is stratified and fixed: within each class, the images are ordered by
-accellib.data.seed_for(SEED, index) (plain integer arithmetic, the same in every numpy version) and
+accellib.data.tokens.seed_for(SEED, index) (plain integer arithmetic, the same in every numpy version) and
 the first round(20%) are validation, so every class is in both splits (359 val, 1438 train). Both
 splits keep the original order.
 
 Re-running is a no-op while the output verifies (use --force to rebuild). The file format is
-described in accellib/image_data.py.
+described in accellib/data/images.py.
 """
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` and `accellib` importable
     sys.path.insert(0, str(ROOT))
-from accellib.data import seed_for  # noqa: E402
-from accellib.image_data import describe_images, image_folder_verifies, write_image_folder  # noqa: E402
+from accellib.data.tokens import seed_for  # noqa: E402
+from accellib.data.images import describe_images, image_folder_verifies, write_image_folder  # noqa: E402
 from data_scripts.tokenize_corpus import prepare_target, show_path  # noqa: E402
 
 SEED = 0
 VAL_FRACTION = 0.2
-SPLIT = (f"stratified: within each class, images sorted by accellib.data.seed_for({SEED}, index); the first "
+SPLIT = (f"stratified: within each class, images sorted by accellib.data.tokens.seed_for({SEED}, index); the first "
          f"round({VAL_FRACTION} * class size) are val, the rest train; both in original order")
 INSTALL = "pip install -c constraints.txt -e .[dev]"
 

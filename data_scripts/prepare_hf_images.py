@@ -14,7 +14,7 @@ parquet: local files as the Hub stores image datasets (an image column of {"byte
 Images are decoded with PIL (datasets' Image feature) `--chunk` at a time into one uint8
 (N, C, H, W) array: grayscale (PIL mode 1/L/LA) -> C=1, anything else -> RGB, C=3, decided by the
 first train image; every image must have its size. The folder is written with
-accellib.image_data.write_image_folder (format described there); re-running is a no-op while the
+accellib.data.images.write_image_folder (format described there); re-running is a no-op while the
 output verifies and was built by the same command (--force rebuilds).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` and `accellib` importable
     sys.path.insert(0, str(ROOT))
-from accellib.image_data import describe_images, image_folder_verifies, write_image_folder  # noqa: E402
+from accellib.data.images import describe_images, image_folder_verifies, write_image_folder  # noqa: E402
 from data_scripts.tokenize_corpus import prepare_target, sha256_file  # noqa: E402
 
 HUB = {  # name -> (hub path, image column, label column); splits train and test

@@ -1,4 +1,4 @@
-"""Turn text into the token files that `accellib.data` reads.
+"""Turn text into the token files that `accellib.data.tokens` reads.
 
 On disk, a token dataset is one folder:
 
@@ -10,7 +10,7 @@ On disk, a token dataset is one folder:
 A rebuild never leaves a mix of old and new files, even when the process is killed: the complete
 new dataset is staged in a hidden sibling folder, <parent>/.<name>.tmp-<pid>-<rand>, and then swapped
 with the old folder in one step (see `atomic_folder.swap_in`). What a killed writer leaves behind is tidied up by
-`recover`, which both prepare scripts run first (data_scripts/atomic_folder.py).
+`recover`, which both prepare scripts run first (accellib/data/atomic_folder.py).
 
 Tokenizers:
   byte  ids 0..255 are the UTF-8 bytes; id 256 is reserved for [MASK]  -> vocab_size 257
@@ -27,7 +27,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from data_scripts.atomic_folder import StagedFile, check_target, recover, staged_folder, write_meta
+from accellib.data.atomic_folder import StagedFile, check_target, recover, staged_folder, write_meta
+from accellib.data.tokens import dataset_files
 
 FORMAT_VERSION = 1
 BYTE_VOCAB = 256  # byte ids 0..255; id 256 is [MASK]
@@ -167,13 +168,6 @@ def write_token_dataset(out_dir: str | Path, train_ids: np.ndarray, val_ids: np.
                         extra_files: dict[str, bytes] | None = None) -> Path:
     """Atomically write train.bin, val.bin (uint16), optional extra files, then meta.json."""
     return write_token_streams(out_dir, [np.asarray(train_ids)], [np.asarray(val_ids)], meta_extra, extra_files)
-
-
-def dataset_files(out_dir: Path) -> set[str]:
-    """The names a token folder may hold (a rebuild replaces the folder, so anything else is refused);
-    .verified.json is accellib.data's checksum cache, which a rebuild may drop (it is re-made)."""
-    return ({"train.bin", "val.bin", "meta.json", "tokenizer.json", ".verified.json"}
-            | set((read_meta(out_dir) or {}).get("sha256") or {}))
 
 
 def prepare_target(out_dir: Path) -> str | None:

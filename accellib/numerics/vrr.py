@@ -130,7 +130,7 @@ PASSES = ("forward", "backward", "weight_grad")
 
 
 def gemm_lengths(model_cfg, batch_size: int) -> list[dict]:
-    """One row per kind of nn.Linear of `accellib.model.Transformer`: name, d_in, d_out, count (how many
+    """One row per kind of nn.Linear of `accellib.models.transformer.Transformer`: name, d_in, d_out, count (how many
     such layers) and the accumulation length K of its three GEMMs,
     forward y = x W^T: K = d_in; backward dx = dy W: K = d_out; weight_grad dW = dy^T x: K = tokens
     = batch_size * seq_len, the longest, summed over every token of the micro-batch.

@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
-from ..config import ConfigError, opt
-from ..model import lm_loss
+from ..core.options import ConfigError, opt
+from ..models.transformer import lm_loss
 from ..techniques import register
 from .engine import Engine, Stage, split_evenly, unique_params
 

@@ -48,11 +48,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError, opt
-from ..model import Transformer, lm_loss
+from ..core.options import ConfigError, opt
+from ..models.transformer import Transformer, lm_loss
 from ..techniques import register
 from .engine import Engine, Stage, unique_params
-from .layered_accumulation import AllReduceGrads, CommThread
+from .comm import AllReduceGrads, CommThread
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs")
 MULTI_STAGE = ("interleaved_1f1b", "looped_bfs")

@@ -8,7 +8,7 @@ an action starts at max(device free, its dependencies done):
     F(s, i) needs F(s-1, i);   B(s, i) needs F(s, i) and B(s+1, i).
 
 The bubble fraction is  rho = makespan / (work per device) - 1,  work = v*m*(t_f + t_b); the
-closed forms it is checked against (tests/test_planner.py) are in accellib.planner.bubble.
+closed forms it is checked against (tests/test_planner.py) are in accellib.analysis.planner.bubble.
 
 `simulate_dp` adds each stage's data-parallel gradient reduction on its device's serial link, launched
 right after the stage's last backward (pipeline.reduce=per_stage: layered accumulation inside the

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .layered_accumulation import CommThread, nbytes, ring_factor
+from .comm import CommThread, nbytes, ring_factor
 
 # recent torch names them *_single (the *_tensor names still work, with a deprecation warning)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -48,7 +48,7 @@ def closed_form_volume(layer_params: list[int], n_params: int, n: int, m: int, l
                        beta: int = 4) -> dict:
     """Bytes one process sends per step (module docstring); layer_params: |W_l| of each layer, counted
     for every layer that computes with a parameter; n_params: |W| (each parameter once)."""
-    from ..planner import zero3_gather_bytes   # 2 gathers per layer (layered) or 2 m (standard)
+    from ..analysis.planner import zero3_gather_bytes   # 2 gathers per layer (layered) or 2 m (standard)
     return dict(all_gather=zero3_gather_bytes(sum(layer_params), n, 1, 1, m, layered, beta),
                 reduce_scatter=(n - 1) / n * beta * n_params)
 

@@ -1,6 +1,7 @@
-"""Registry of techniques: config section name -> Technique class.
+"""Hook-point techniques, one module each, and their registry: config section name -> Technique class.
 
-Each technique module (in accellib/techniques/ or accellib/parallel/) defines a `Technique`
+Only techniques that plug into the one Trainer's hook points belong here (what builds several Trainers is
+drivers/). Each technique module (in accellib/techniques/ or accellib/parallel/) defines a `Technique`
 subclass with a `Config` dataclass (whose `enabled` field switches it on) and decorates it with
 `@register`; the modules are imported below, so every section appears in configs and `--help`.
 """

@@ -32,8 +32,8 @@ from typing import Optional
 
 import torch
 
-from ..data import generator_for
-from ..flops import block_forward_flops
+from ..data.tokens import generator_for
+from ..analysis.flops import block_forward_flops
 from .base import Technique
 
 _GATE_TAG = 0x9A7E  # separates gate draws from the data stream drawn from (seed, step, index)
@@ -130,7 +130,7 @@ class LayerDropTechnique(Technique):
         self._block_params = [p for p in trainer.raw_model.blocks.parameters() if p.requires_grad]
         # forward FLOPs of one sequence outside the blocks (the LM head on the positions it scores, or the
         # ViT's patch embedding and head): the task's count with no block run
-        from ..model import BlockPlan, Plan
+        from ..models.transformer import BlockPlan, Plan
         none = Plan([BlockPlan(run=False) for _ in range(self.run_cfg.model.n_layer)])
         self._outside = trainer.task.micro_flops(none) / (3 * self.run_cfg.train.batch_size)
 

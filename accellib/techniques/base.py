@@ -17,7 +17,7 @@ the ones it needs. The trainer calls them in this order:
     state_dict() / load_state_dict(d)       registered with Accelerate's save_state/load_state
     fsdp_refusal()                          why it cannot run when FSDP shards the model ("" = it can)
     preview()                               instead of setup(), when plans are drawn without training
-                                            (compare's FLOPs and timing budgets, accellib/budget.py)
+                                            (compare's FLOPs and timing budgets, accellib/drivers/budget.py)
 
 `plan_fields` names the BlockPlan fields a technique writes ("run", "scale", "keep"); two enabled
 techniques that write the same field cannot compose and the trainer says so.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..config import ConfigError
+from ..core.options import ConfigError
 
 
 class Technique:
@@ -52,7 +52,7 @@ class Technique:
 
     def preview(self) -> None:
         """Get ready to draw plans (and take steps) without training: replace whatever setup() would
-        learn from the model by a stand-in with the same compute (see accellib/budget.py)."""
+        learn from the model by a stand-in with the same compute (see accellib/drivers/budget.py)."""
 
     def extra_loss(self, model: Any, x: Any, y: Any, logits: Any) -> Optional[Any]:
         return None
@@ -86,7 +86,7 @@ class Technique:
 
 
 def check_fsdp(techniques: list[Technique], kind: str) -> None:
-    """Raise a one-line ConfigError when the run cannot be trained under an FSDP launch (accellib.launch.fsdp_plugin):
+    """Raise a one-line ConfigError when the run cannot be trained under an FSDP launch (accellib.core.launch.fsdp_plugin):
     a model without transformer blocks (the FSDP units), or a technique that cannot run sharded (fsdp_refusal)."""
     if kind not in ("gpt", "mlm", "vit"):
         raise ConfigError(f"an FSDP launch shards one unit per transformer block, and model.kind={kind} has none; "

@@ -30,8 +30,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..config import ConfigError, opt
-from ..data import seed_for
+from ..core.options import ConfigError, opt
+from ..data.tokens import seed_for
 from ..numerics.formats import parse_format, quantize
 from ..numerics.linear import LowpGemms, convert
 from . import register

@@ -11,7 +11,7 @@ A V-cycle trains a cheap coalesced copy of the model in the middle of training:
 
 Everything works on state_dicts and ModelConfigs, so the small model is a plain `Transformer`
 with a smaller `ModelConfig` (same parameter names, `load_state_dict(strict=True)`).
-The V-cycle driver that trains the stages is `accellib/techniques/vcycle.py`.
+The V-cycle driver that trains the stages is `accellib/drivers/vcycle.py`.
 
 The two building blocks (paper §3.2; official code `MapMatrix`): a grouping g of large units into
 small units gives
@@ -56,8 +56,8 @@ from typing import Optional
 
 import torch
 
-from ..config import ConfigError, opt
-from ..model import ModelConfig
+from ..core.options import ConfigError, opt
+from ..models.transformer import ModelConfig
 from . import register
 from .base import Technique
 
@@ -325,7 +325,7 @@ class MultiLevelConfig:
 @register
 class MultiLevel(Technique):
     """Config section `multilevel`. The V-cycle trains several models in sequence, so it is driven
-    by `accellib.techniques.vcycle.run_vcycle` (one Trainer per stage), not from inside a Trainer."""
+    by `accellib.drivers.vcycle.run_vcycle` (one Trainer per stage), not from inside a Trainer."""
     name = "multilevel"
     kinds = ("gpt", "mlm", "vit")
     needs = "transformer blocks (the coalescing maps are written for them)"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import opt
+from ..core.options import opt
 from . import register
 from ._layer_drop_common import LayerDropTechnique, depth_keep_probs, pld_theta
 

@@ -40,7 +40,7 @@ Both are rebuilt from integers on resume, so resuming is exact either way. Rando
 parameter on every rank whichever is chosen, so DDP needs no find_unused_parameters.
 
 Padding. No accellib path feeds padded batches: language batches are windows of one packed token
-stream (accellib/data.py) and the model's attention takes no padding mask. A data folder whose
+stream (accellib/data/tokens.py) and the model's attention takes no padding mask. A data folder whose
 meta.json declares a pad id is refused in one line at setup, because a dropped block would let real
 tokens attend to pads. `kept_key_mask(pad, keep)` is the piece a padded task would need (the key mask
 of the gathered tokens; DeepSpeed gathers the encoder mask the same way); it is not wired into the
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError, opt
-from ..data import generator_for
-from ..schedules import WarmupCosine
+from ..core.options import ConfigError, opt
+from ..data.tokens import generator_for
+from ..core.schedules import WarmupCosine
 from . import register
 from .base import Technique
 

@@ -46,9 +46,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import opt
-from ..data import generator_for
-from ..model import Plan
+from ..core.options import opt
+from ..data.tokens import generator_for
+from ..models.transformer import Plan
 from . import register
 from ._layer_drop_common import LayerDropTechnique, depth_keep_probs, pld_theta
 

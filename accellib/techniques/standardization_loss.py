@@ -3,10 +3,10 @@ Standardization Loss", arXiv 1903.00925, 2019, §3): instead of normalising a la
 training-time loss pulls their per-channel batch moments toward N(0, 1):
 
     loss = task loss + w * sum over hooked layers of L_std(pre-activations)       (training only)
-    L_std = 1/2 sum_i (mu_i^2 + sigma_i^2 - log sigma_i^2 - 1)                    (accellib/standardization.py)
+    L_std = 1/2 sum_i (mu_i^2 + sigma_i^2 - log sigma_i^2 - 1)                    (accellib/models/standardization.py)
 
 * Where: every `PreAct` marker of the model, the pre-activation just before its nonlinearity
-  (accellib/vision.py's CNN and MLP: after the conv / linear (and the norm layer, if any), before ReLU;
+  (accellib/models/vision.py's CNN and MLP: after the conv / linear (and the norm layer, if any), before ReLU;
   the transformers: the MLP's c_fc output, before GELU). `layers` picks some of them by index.
 * Moments: per channel over batch x spatial positions (CNN) or batch x sequence (transformer), biased,
   computed on this process's micro-batch only, never all-reduced: the paper computes them per core
@@ -23,9 +23,9 @@ from typing import Optional
 
 import torch
 
-from ..config import ConfigError, opt
-from ..model import PreAct
-from ..standardization import standardization_loss
+from ..core.options import ConfigError, opt
+from ..models.transformer import PreAct
+from ..models.standardization import standardization_loss
 from . import register
 from .base import Technique
 

@@ -4,7 +4,7 @@ The complete new contents are staged in a hidden sibling, <parent>/.<name>.tmp-<
 swapped with the old folder (`swap_in`): atomically with Linux's renameat2(RENAME_EXCHANGE), elsewhere
 with two renames whose one unsafe moment `recover` repairs. `recover` also deletes what dead writers
 left behind; both prepare scripts run it first. `staged_folder` is the whole protocol, used by the token
-datasets (tokenize_corpus.py) and the image folders (accellib/image_data.py); `StagedFile` writes one file.
+datasets (tokenize_corpus.py) and the image folders (accellib/data/images.py); `StagedFile` writes one file.
 """
 from __future__ import annotations
 

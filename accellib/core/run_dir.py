@@ -9,7 +9,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import ConfigError
+from .options import ConfigError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "record.json", "loss.png", "vcycle.json", "checkpoints",
              "hf", "tensorboard")  # hf: the export accellib.evaluate writes; tensorboard: log.trackers

@@ -24,10 +24,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .config import ConfigError, RunConfig, load_config
+from .options import ConfigError
+from .config import RunConfig, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import fsdp_requested, make_accelerator, tracking_kwargs
-from .model import Plan
+from ..models.transformer import Plan
 from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout
 from .schedules import WarmupCosine
 from .tasks import make_task
@@ -100,9 +101,9 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
     of a (B, r, C) token subset, so each block needs a few graphs for the whole run: plain, scaled, and
     one with a dynamic length for random-LTD (tests/test_efficiency.py counts them). The parameters keep
     their names, so checkpoints and exports do not change. The head and the loss (ln_f -> lm_head ->
-    cross-entropy) are compiled as one more region (accellib.model.head_loss): run eagerly outside the
+    cross-entropy) are compiled as one more region (accellib.models.transformer.head_loss): run eagerly outside the
     compiled blocks, the loss of 16-bit logits was the largest cost of a GPT-2-small step."""
-    from .model import portable_inductor
+    from ..models.transformer import portable_inductor
     portable_inductor()
     for block in model.blocks:  # (models without blocks are refused by the config's validation)
         block.compile(backend=backend)
@@ -119,12 +120,12 @@ class Trainer:
         t = cfg.train
         if t.threads:
             torch.set_num_threads(t.threads)
-        from .techniques import build_techniques  # lazy: technique modules may import this module
-        self.task = make_task(cfg, data)  # what is trained on (accellib/tasks.py): language or images
+        from ..techniques import build_techniques  # lazy: technique modules may import this module
+        self.task = make_task(cfg, data)  # what is trained on (accellib/core/tasks.py): language or images
         self.task.configure()             # the model fields the data decides, before techniques read them
         self.techniques = build_techniques(cfg)
         if fsdp_requested() and accelerator is None:  # before any process group: what cannot run sharded says so
-            from .techniques import check_fsdp
+            from ..techniques import check_fsdp
             check_fsdp(self.techniques, cfg.model.kind)
         ddp = {}
         for tech in self.techniques:
@@ -132,7 +133,7 @@ class Trainer:
         # live trackers (log.trackers) write into the run folder; an accelerator passed in brings its own
         track = tracking_kwargs(cfg.log.trackers, out_dir) if out_dir is not None else {}
         self.accelerator = accelerator or make_accelerator(ddp, precision=t.precision, device=t.device, **track)
-        # FSDP2 (accellib.launch.fsdp_plugin): prepare() shards every Block and the rest (embeddings, final
+        # FSDP2 (accellib.core.launch.fsdp_plugin): prepare() shards every Block and the rest (embeddings, final
         # LayerNorm, tied head) over the processes; the loop below is the same, Accelerate's FSDP2 paths do the rest
         self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
         self.data = self.task.data
@@ -158,7 +159,7 @@ class Trainer:
             self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
             # With mixed precision, prepare() wraps the model's forward so that it returns fp32 outputs: a
             # full fp32 copy of the logits (3.3 GB per GPT-2-small micro-batch) that the loss does not need
-            # (accellib/losses.py upcasts chunk by chunk). Every forward here already runs inside
+            # (accellib/models/losses.py upcasts chunk by chunk). Every forward here already runs inside
             # accelerator.autocast(), so the plain forward computes the same numbers.
             self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
         else:  # no DDP wrapper: gradients are the engine's business; the optimizer is saved per process
@@ -325,7 +326,7 @@ class Trainer:
         (FSDP, DeepSpeed, XLA) keep Accelerate's clip_grad_norm_."""
         from accelerate.utils import DistributedType
 
-        from .parallel.engine import clip_grads, global_grad_norm, unique_params
+        from ..parallel.engine import clip_grads, global_grad_norm, unique_params
         acc = self.accelerator
         if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA):
             return acc.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -554,7 +555,7 @@ class Trainer:
 
     def _efficiency(self, flops: float, wall: float) -> dict:
         """MFU of a window (its model FLOPs per second over the peak of every device the run uses; see
-        accellib/hardware.py) and this process's peak memory so far, in GB."""
+        accellib/core/hardware.py) and this process's peak memory so far, in GB."""
         acc, out = self.accelerator, dict(peak_mem_gb=round(peak_memory_gb(self.accelerator.device), 3))
         peak = peak_flops(acc.device, self.precision, self.cfg.train.peak_flops)
         if peak and wall > 0:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from .config import ConfigError, RunConfig, with_horizon
-from .model import Plan
+from ..core.options import ConfigError
+from ..core.config import RunConfig, with_horizon
+from ..models.transformer import Plan
 
 BUDGETS = ("steps", "flops", "wall")
 
@@ -36,11 +37,11 @@ def _vcycle(cfg: RunConfig) -> bool:
 def planned_flops(cfg: RunConfig) -> float:
     """Training FLOPs of one process over cfg's run (train.steps, or a technique's earlier stop)."""
     if _vcycle(cfg):
-        from .techniques.vcycle import plan_stages, stage_flops
+        from .vcycle import plan_stages, stage_flops
         return float(sum(stage_flops(cfg, plan_stages(cfg))))
-    from .tasks import make_task
-    from .techniques import build_techniques
-    from .trainer import TrainState
+    from ..core.tasks import make_task
+    from ..techniques import build_techniques
+    from ..core.trainer import TrainState
     techs = build_techniques(cfg)
     for tech in techs:
         tech.preview()
@@ -76,7 +77,7 @@ def steps_for_flops(cfg: RunConfig, target: float, max_factor: int = 64) -> int:
 
 
 def _step_trainer(cfg: RunConfig, data, positions: int):
-    from .trainer import Trainer
+    from ..core.trainer import Trainer
     tr = Trainer(cfg, data=data)
     for tech in tr.techniques:
         tech.preview()

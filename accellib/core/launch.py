@@ -105,7 +105,7 @@ def tracking_kwargs(trackers: list[str], run_dir) -> dict:
 
     from accelerate.utils import ProjectConfiguration
 
-    from .config import ConfigError
+    from .options import ConfigError
     for name in trackers:
         if not tracker_available(name):
             raise ConfigError(f"log.trackers={name} needs the {name} package: pip install {name} "
@@ -200,7 +200,7 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", de
         raise LaunchError("an FSDP launch with one process shards nothing; start 2 or more processes "
                           f"(accelerate launch --config_file {FSDP_CONFIGS.split(' ')[0]} -m accellib.train ...)")
     handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs and plugin is None else []
-    # dynamo "no" explicitly: the compile is train.compile's (accellib.trainer.compile_blocks), never prepare()'s
+    # dynamo "no" explicitly: the compile is train.compile's (accellib.core.trainer.compile_blocks), never prepare()'s
     acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",
                       kwargs_handlers=handlers, fsdp_plugin=plugin, **kwargs)
     check_world_size(acc.num_processes)

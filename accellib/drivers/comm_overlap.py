@@ -14,13 +14,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .. import planner
+from ..analysis import planner
 
 
 def _worker(data_dir: str, out_dir: str, mbps: float, reps: int, grad_accum: int) -> None:
-    from ..config import load_config
-    from ..trainer import Trainer
-    from .layered_accumulation import predicted_exposed
+    from ..core.config import load_config
+    from ..core.trainer import Trainer
+    from ..parallel.layered_accumulation import predicted_exposed
     out = {}
     for _ in range(reps):
         for order in ("standard", "layered"):   # interleaved, so load changes hit both alike
@@ -51,7 +51,7 @@ def measure_exposed_comm(data_dir: str | Path, mbps: float = 20.0, reps: int = 1
     """One row per order: reduction time t_dp, the backward window that can hide it, the measured
     exposed communication, and its predictions (serial link over the step's own trace, and the
     planner's closed form). Times in ms."""
-    from ..launch import launch_processes
+    from ..core.launch import launch_processes
     with tempfile.TemporaryDirectory() as d:
         launch_processes(_worker, (str(data_dir), d, mbps, reps, grad_accum), 2, timeout_s=timeout_s)
         out = json.loads(Path(d, "lga.json").read_text())

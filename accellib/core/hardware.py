@@ -1,7 +1,7 @@
 """What the device can do, for the MFU and memory columns of every log line.
 
 MFU (model FLOPs utilisation, Chowdhery et al. 2022, PaLM App. B) = the model's analytic training
-FLOPs per second (accellib/flops.py: 6 N per token plus attention, no recomputation counted) divided
+FLOPs per second (accellib/analysis/flops.py: 6 N per token plus attention, no recomputation counted) divided
 by the peak FLOP/s of the devices. The peak is the vendor's dense tensor-core number for the precision
 the run computes in (bf16 autocast, or TF32 for fp32 matmuls on CUDA), or `train.peak_flops` when set.
 A CPU has no such table: its "peak" is measured once per process, as the FLOP/s of a 1024^3 fp32

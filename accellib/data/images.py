@@ -14,24 +14,24 @@ On disk (written by data_scripts/prepare_digits.py and data_scripts/prepare_hf_i
 
 "mean" and "std" are per channel, in pixel units, over every pixel of the train split (population
 std); `normalize` maps pixels to (x - mean) / std with them. A rebuild stages the new folder in a
-hidden sibling and swaps it in as a whole (data_scripts/atomic_folder.py), as token folders are.
+hidden sibling and swaps it in as a whole (accellib/data/atomic_folder.py), as token folders are.
 
-Like token data (accellib/data.py), every problem is a one-line `DataError` that names the command
+Like token data (accellib/data/tokens.py), every problem is a one-line `DataError` that names the command
 which rebuilds the folder, and batch draws take a torch.Generator, never a global RNG.
 """
 from __future__ import annotations
 
 import json
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import REPO_ROOT as _ROOT
-from .data import DataError, _scan, _without_out, other_kind
+from .. import CHECKOUT
+from . import atomic_folder as af
+from .tokens import DataError, _scan, _without_out, dataset_files, other_kind
 
 IMAGE_FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -78,14 +78,15 @@ class ImageData:
 
 def image_hint(data_dir: str | Path, created_by: str | None = None, force: bool = True) -> str:
     """The end of a one-line image-data error: how to (re)build exactly `data_dir` (what
-    accellib.data.prepare_hint does for token folders: meta's command, its --out pointed here)."""
+    accellib.data.tokens.prepare_hint does for token folders: meta's command, its --out pointed here)."""
     data_dir = Path(data_dir)
     default = DEFAULT_COMMANDS.get(data_dir.name)
     cmd = None
     if isinstance(created_by, str) and created_by.startswith("python data_scripts/"):
         cmd = _without_out(created_by)
     cmd = cmd or default or DEFAULT_COMMANDS["digits"]
-    at_default = cmd == default and data_dir.resolve() == (_ROOT / "data" / data_dir.name).resolve()
+    at_default = (cmd == default and CHECKOUT is not None
+                  and data_dir.resolve() == (CHECKOUT / "data" / data_dir.name).resolve())
     flag = " --force" if force else ""
     return f"run `{cmd}{flag}`" if at_default else f"run `{cmd} --out {shlex.quote(str(data_dir))}{flag}`"
 
@@ -260,26 +261,16 @@ def _check_splits(splits: dict, meta_extra: dict) -> tuple[dict[str, np.ndarray]
     return out, n_classes
 
 
-def _data_scripts():
-    """data_scripts/ (the atomic-folder helpers) lives in the checkout beside accellib/, not in the
-    installed package: imported only when writing, so `import accellib` never needs it."""
-    if str(_ROOT) not in sys.path:
-        sys.path.append(str(_ROOT))
-    from data_scripts import atomic_folder, tokenize_corpus
-    return atomic_folder, tokenize_corpus
-
-
 def write_image_folder(out_dir: str | Path, splits: dict[str, tuple[np.ndarray, np.ndarray]], meta_extra: dict,
                        created_by: str) -> dict:
     """Write an image folder (format above) from {"train": (x, y), "val": (x, y)}: the four .npy
     files, then meta.json, into a hidden staging sibling that then replaces `out_dir` as a whole, so
     a kill -9 at any moment leaves the old complete folder or the new one. n_classes comes from
     meta_extra["n_classes"], else len(meta_extra["classes"]), else the largest label + 1. Returns meta."""
-    af, tc = _data_scripts()
     files, n_classes = _check_splits(splits, meta_extra)
     x = files["train_x.npy"]
     mean, std = channel_stats(x)
-    with af.staged_folder(out_dir, tc.dataset_files(Path(out_dir)) | set(FILES)) as stage:
+    with af.staged_folder(out_dir, dataset_files(Path(out_dir)) | set(FILES)) as stage:
         sha = {}
         for name, arr in files.items():
             f = af.StagedFile(stage, name)  # hashes what it writes, fsyncs on close

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import yaml
 
-from . import REPO_ROOT as _ROOT  # the repo, where data/ and data_scripts/ live
+from .. import CHECKOUT  # the repo, where data/, configs/ and data_scripts/ live (None: installed elsewhere)
 
 FORMAT_VERSION = 1
 
@@ -89,8 +89,8 @@ def prepare_hint(data_dir: str | Path, created_by: str | None = None, force: boo
     out = f"--out {shlex.quote(str(data_dir))}" + (" --force" if force else "")
     if cmd is None:  # not a folder name the scripts know: which corpus belongs here is the user's call
         return f"token data is built by {SCRIPTS}; pass {out}"
-    at_default = (cmd == _default_command(data_dir.name)
-                  and data_dir.resolve() == (_ROOT / "data" / data_dir.name).resolve())
+    at_default = (cmd == _default_command(data_dir.name) and CHECKOUT is not None
+                  and data_dir.resolve() == (CHECKOUT / "data" / data_dir.name).resolve())
     return f"run `{cmd}{' --force' if force else ''}`" if at_default else f"run `{cmd} {out}`"
 
 
@@ -118,10 +118,10 @@ def other_kind(data_dir: Path, meta, wanted: str) -> str | None:
     if kind is None or kind == wanted:
         return None
     users = []
-    for p in sorted((_ROOT / "configs").glob("*.yaml")):
+    for p in sorted((CHECKOUT / "configs").glob("*.yaml")) if CHECKOUT is not None else []:
         try:
             path = (yaml.safe_load(p.read_text()) or {}).get("data", {}).get("path")
-            if path and (_ROOT / path).resolve() == data_dir.resolve():
+            if path and (CHECKOUT / path).resolve() == data_dir.resolve():
                 users.append(f"configs/{p.name}")
         except (OSError, ValueError, AttributeError, yaml.YAMLError):
             continue
@@ -157,7 +157,7 @@ def _read_verified(data_dir: Path) -> dict:
 def _write_verified(data_dir: Path, cache: dict) -> None:
     """Replace the cache in one step: written under a name of this process's own, then renamed, so
     ranks racing on a first start never leave a torn file (the last rename wins; every version is
-    whole). The temp name has the form data_scripts/atomic_folder.py tidies up after dead writers.
+    whole). The temp name has the form accellib/data/atomic_folder.py tidies up after dead writers.
     A folder we may not write to (read-only data) just means hashing again next time."""
     tmp = data_dir / f"{VERIFIED}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -362,3 +362,18 @@ def ngram_references(data: TokenData, seq_len: int = 0, n_windows: int = 0, max_
         bi /= bi.sum(1, keepdims=True)
         out["bigram"] = float(-np.log(bi[prev, nxt]).mean())
     return out
+
+
+def dataset_files(out_dir: Path) -> set[str]:
+    """The names a token folder may hold (a rebuild replaces the folder, so anything else is refused);
+    .verified.json is this module's checksum cache (VERIFIED), which a rebuild may drop (it is re-made)."""
+    return ({"train.bin", "val.bin", "meta.json", "tokenizer.json", ".verified.json"}
+            | set(_meta_sha256(out_dir)))
+
+
+def _meta_sha256(out_dir: Path) -> dict:
+    try:
+        meta = json.loads((Path(out_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return (meta.get("sha256") if isinstance(meta, dict) else None) or {}

@@ -1,5 +1,5 @@
 """The V-cycle driver of multi-level training (Zou, Zhang & Deng, ICLR 2024, §3.4, Algorithm 1):
-a list of stages, each trained by the one `accellib.trainer.Trainer` in its own folder.
+a list of stages, each trained by the one `accellib.core.trainer.Trainer` in its own folder.
 
     K = 2:   stage 0  large, warm_frac * S steps, LR warm-up, no decay        (ends at peak LR)
              coalesce (theta_0^saved = the large model now)
@@ -42,12 +42,16 @@ from typing import Optional
 import torch
 import yaml
 
-from ..config import ConfigError, RunConfig
-from ..model import ModelConfig, num_params
-from ..tasks import is_image_kind, make_task
-from ..records import read_metrics, write_json, write_record
-from ..run_dir import checkpoint_folder
-from .multilevel import coalesce, decoalesce, interpolate, level_configs
+from ..core.config import RunConfig
+from ..core.launch import fsdp_requested, make_accelerator, process_state
+from ..core.options import ConfigError
+from ..core.records import read_metrics, write_json, write_record
+from ..core.run_dir import checkpoint_folder, main_decides
+from ..core.tasks import is_image_kind, make_task
+from ..core.trainer import Trainer
+from ..models.transformer import ModelConfig, num_params
+from ..techniques import REGISTRY, build_techniques, check_fsdp
+from ..techniques.multilevel import coalesce, decoalesce, interpolate, level_configs
 
 
 @dataclass
@@ -198,13 +202,8 @@ def _stage_input(out: Path, stages: list[Stage], st: Stage, cache: dict, alpha: 
 # ----------------------------------------------------------------------------- the driver
 def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None) -> dict:
     """Train the whole V-cycle of `cfg` into `out` (works under `accelerate launch`, torchrun,
-    `accellib.launch.launch_processes` and `notebook_launcher`); returns the final metrics (cumulative tokens,
+    `accellib.core.launch.launch_processes` and `notebook_launcher`); returns the final metrics (cumulative tokens,
     FLOPs and wall, global step) on every process."""
-    from ..trainer import Trainer   # lazy: accellib.trainer imports the technique registry, which imports us
-    from ..launch import process_state
-    from ..run_dir import main_decides
-    from ..launch import fsdp_requested
-    from . import REGISTRY, check_fsdp
     ml = cfg.techniques["multilevel"]
     if not ml.enabled:
         raise ConfigError("run_vcycle needs multilevel.enabled=true (see configs/multilevel_tiny.yaml)")
@@ -297,8 +296,6 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
 def _one_accelerator(cfg: RunConfig, stages):
     """The one Accelerator of this process for every stage (Accelerate's model: one per process), with the
     DDP options any stage's techniques ask for."""
-    from ..launch import make_accelerator
-    from . import build_techniques
     ddp: dict = {}
     for st in stages:
         for tech in build_techniques(stage_config(cfg, st)):

@@ -5,7 +5,7 @@ gap to the baseline of the same size at equal FLOPs, against model size, with a 
     gap ~ a + b * log10(N)      least squares over every (size, seed) point, N = non-embedding parameters
 
 A negative gap means the technique beats the compute-matched baseline. Each size's gaps are judged by the
-course's one rule (`accellib.stats.paired`: mean, 95% t-interval, wins / loses / not resolved). The slope
+course's one rule (`accellib.analysis.stats.paired`: mean, 95% t-interval, wins / loses / not resolved). The slope
 gets the same kind of interval (t with n - 2 degrees of freedom) and a word: per decade of N the gap
 "rises" (the technique falls behind as models grow), "falls" (it gains), or is "flat within noise". The fit's zero crossing N* = 10^(-a/b) is where the line says
 the sign flips; with R^2 of a few percent it says very little, so it is reported only beside R^2, and it
@@ -29,7 +29,7 @@ def non_embedding_params(n_layer: int, d_model: int, mlp_ratio: int = 4) -> int:
 
 def paired_gaps(res: dict, control: str = "baseline") -> dict[str, list[dict]]:
     """{arm: [one row per size: n_layer, d_model, params, gaps (per seed), mean, sd, se, lo, hi, verdict]} for
-    every technique arm; mean/se/lo/hi/verdict are `accellib.stats`' paired rule over the seeds. `control`:
+    every technique arm; mean/se/lo/hi/verdict are `accellib.analysis.stats`' paired rule over the seeds. `control`:
     "baseline" (the same-size baseline) or "frontier" (the size's dense frontier, when the sweep has dense
     arms: the per-seed gaps compare computed, `accellib.compare.paired_gaps`)."""
     if control not in ("baseline", "frontier"):

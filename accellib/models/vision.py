@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .model import Block, ModelConfig, Plan, PreAct, SelfAttention, init_weights, layer_norm, run_block
+from .transformer import Block, ModelConfig, Plan, PreAct, SelfAttention, init_weights, layer_norm, run_block
 
 NORMS = ("none", "batch", "layer", "group")
 

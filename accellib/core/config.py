@@ -17,24 +17,8 @@ from typing import Any, Optional
 
 import yaml
 
-from .model import ModelConfig
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message is one line saying what to change."""
-
-
-def opt(default: Any, help: str = "", *, min: Any = None, max: Any = None, below: Any = None,
-        choices: Optional[list] = None, horizon: Optional[str] = None, resume: bool = False):
-    """A dataclass field with help text and the allowed range/choices (`below`: a strict upper bound).
-    `horizon` marks a schedule length that follows the run's length (see `with_horizon`): "steps" (a
-    number of optimizer steps, 0 = automatic) or "rate" (a per-step decay rate). `resume=True`: a
-    `--resume` may change it (cadences, logging, the machine, the optimizer's numbers, the length);
-    every other field is fixed for the run's life (accellib/train.py, resume_config)."""
-    meta = dict(help=help, min=min, max=max, below=below, choices=choices, horizon=horizon, resume=resume)
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+from ..models.transformer import ModelConfig
+from .options import ConfigError, opt
 
 
 @dataclass
@@ -81,7 +65,7 @@ class TrainConfig:
     compile_backend: str = opt("inductor", "torch.compile backend of train.compile (eager / aot_eager: to debug)",
                                choices=["inductor", "aot_eager", "eager"], resume=True)
     peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "
-                            "accellib/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0, resume=True)
+                            "accellib/core/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0, resume=True)
     stop_on_divergence: bool = opt(False, "stop the run (one-line error, the last checkpoint kept) at a log step whose "
                                    "training loss is over 1 nat above the lower of its best so far and the uniform "
                                    "prediction's; false = a warning on the console and in metrics.jsonl", resume=True)
@@ -144,7 +128,7 @@ class RunConfig:
 
 
 def default_config() -> RunConfig:
-    from .techniques import REGISTRY
+    from ..techniques import REGISTRY
     return RunConfig(techniques={name: t.Config() for name, t in REGISTRY.items()})
 
 

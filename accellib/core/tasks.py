@@ -1,5 +1,5 @@
 """What the one training loop trains on: a task supplies the data, the loss and its metrics, the
-evaluation, and the compute accounting; the trainer (accellib/trainer.py) does everything else
+evaluation, and the compute accounting; the trainer (accellib/core/trainer.py) does everything else
 (micro-batches, techniques' plans, gradient accumulation, clipping, checkpoints, logs).
 
     task = make_task(cfg)                     # by model.kind: gpt | mlm -> LMTask, vit | cnn | mlp -> ImageTask
@@ -26,11 +26,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as Fn
 
-from . import flops as F
-from .config import ConfigError
-from .data import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
-from .losses import CHUNK_ELEMENTS
-from .model import Plan, Transformer, labelled_positions
+from ..analysis import flops as F
+from .options import ConfigError
+from ..data.tokens import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
+from ..models.losses import CHUNK_ELEMENTS
+from ..models.transformer import Plan, Transformer, labelled_positions
 
 IMAGE_KINDS = ("vit", "cnn", "mlp")
 
@@ -64,7 +64,7 @@ class LMTask(_Task):
     def configure(self) -> None:
         m, d = self.cfg.model, self.data
         if m.init_from:  # a GPT-2 checkpoint decides the architecture (accellib/export.py)
-            from .export import configure_from_hf
+            from ..models.hf_gpt2 import configure_from_hf
             configure_from_hf(m, d.vocab_size)
         if m.vocab_size == 0:
             m.vocab_size = model_vocab_size(d, m.kind)
@@ -79,7 +79,7 @@ class LMTask(_Task):
     def build_model(self) -> torch.nn.Module:
         model = Transformer(self.cfg.model)
         if self.cfg.model.init_from:
-            from .export import init_from_hf
+            from ..models.hf_gpt2 import init_from_hf
             init_from_hf(model, self.cfg.model)
         return model
 
@@ -155,11 +155,11 @@ class LMTask(_Task):
 
 class ImageTask(_Task):
     """Image classification on an image folder (data/digits, data/mnist, data/cifar10; see
-    accellib/image_data.py) with a cnn, mlp or vit (accellib/vision.py). `tokens` counts images."""
+    accellib/data/images.py) with a cnn, mlp or vit (accellib/models/vision.py). `tokens` counts images."""
 
     @staticmethod
     def open(path):
-        from .image_data import load_image_data
+        from ..data.images import load_image_data
         return load_image_data(path)
 
     @property
@@ -179,15 +179,15 @@ class ImageTask(_Task):
         FLOPs, e.g. compare's budgets and the V-cycle's ledger, never reads or hashes the images)."""
         if self._data is not None:
             return self._data.channels, self._data.image_size, self._data.n_classes
-        from .image_data import image_shape
+        from ..data.images import image_shape
         return image_shape(self.cfg.data.path)
 
     def build_model(self) -> torch.nn.Module:
-        from .vision import build_model
+        from ..models.vision import build_model
         return build_model(self.cfg.model, *self._shape())
 
     def sample(self, g: torch.Generator):
-        from .image_data import image_batch
+        from ..data.images import image_batch
         return image_batch(self.data, self.cfg.train.batch_size, g)
 
     def _logits(self, model, x, plan=None):
@@ -199,7 +199,7 @@ class ImageTask(_Task):
         return logits, loss, dict(acc=(logits.detach().argmax(-1) == y).float().mean())
 
     def eval_data(self):
-        from .image_data import split_tensors
+        from ..data.images import split_tensors
         return split_tensors(self.data, "val")
 
     def eval_sums(self, model, x, y) -> dict:
@@ -213,8 +213,8 @@ class ImageTask(_Task):
     @cached_property
     def _forward_flops(self) -> tuple[int, int]:
         """(FLOPs of one image's forward pass outside the ViT blocks, of one full-length block); counted
-        on a fresh model by accellib.vision.forward_flops (for a ViT, minus its blocks' analytic count)."""
-        from .vision import forward_flops
+        on a fresh model by accellib.models.vision.forward_flops (for a ViT, minus its blocks' analytic count)."""
+        from ..models.vision import forward_flops
         (c, s, _), m = self._shape(), self.cfg.model
         total = forward_flops(self.build_model(), torch.zeros(1, c, s, s))
         if m.kind != "vit":
@@ -244,7 +244,7 @@ class ImageTask(_Task):
 
 
 def mlm_labels_per_row(seq_len: int, prob: float) -> int:
-    """Positions accellib.data.mask_tokens labels in each row of seq_len tokens: k = max(1, round(prob*T))."""
+    """Positions accellib.data.tokens.mask_tokens labels in each row of seq_len tokens: k = max(1, round(prob*T))."""
     return max(1, round(prob * seq_len))
 
 

@@ -1,4 +1,4 @@
-"""The hardware and the per-step cost terms of the training-time planner (accellib.planner).
+"""The hardware and the per-step cost terms of the training-time planner (accellib.analysis.planner).
 
 Steps 2-7 of our reconstruction of Lamy-Poirier 2021 (arXiv 2106.02679, §3-§5): compute at a kernel
 efficiency, pipeline bubble, data-parallel reduction and its exposed part, ZeRO-3 parameter gathers,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ConfigError
+from ..core.options import ConfigError
 
 
 # ----------------------------------------------------------------------------- hardware and cost switches

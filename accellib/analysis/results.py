@@ -13,19 +13,18 @@ import json
 import math
 from pathlib import Path
 
-from . import REPO_ROOT
+from .. import repo_root
 from .plotting import X_LABELS, arm_color, arm_linestyle, draw_references
 from .stats import Paired
 
-RESULTS = REPO_ROOT / "results"
 
 
 class ResultMissing(FileNotFoundError):
     """A results/<name>.json that `make results` has not written."""
 
 
-def load_result(name: str, folder: Path = RESULTS) -> dict:
-    p = Path(folder) / f"{name}.json"
+def load_result(name: str, folder: Path | None = None) -> dict:
+    p = Path(folder or repo_root("the results cache (results/)") / "results") / f"{name}.json"
     if not p.is_file():
         raise ResultMissing(f"{p} is missing; write it with: python benchmarks/reproduce.py --only {name}")
     return json.loads(p.read_text())
@@ -69,7 +68,7 @@ def frontier_arm(res: dict) -> str | None:
 
 
 def gap(res: dict, arm: str, control: str = "frontier") -> Paired | None:
-    """An arm's paired gap (arm - control per seed, `accellib.stats`) to "baseline" or "frontier"."""
+    """An arm's paired gap (arm - control per seed, `accellib.analysis.stats`) to "baseline" or "frontier"."""
     d = arm_row(res, arm).get(f"vs_{control}")
     return None if d is None else Paired.from_dict(d)
 
@@ -81,7 +80,7 @@ def verdicts(res: dict, control: str = "frontier") -> dict[str, str]:
 
 def gap_table(res: dict, arms: list[str] | None = None) -> str:
     """Each arm's final loss (mean ± sd over seeds) and its paired gaps to the same-size baseline and to the
-    dense frontier: mean [95% t-interval] (seeds): verdict. The one rule of `accellib.stats`."""
+    dense frontier: mean [95% t-interval] (seeds): verdict. The one rule of `accellib.analysis.stats`."""
     rows = [r for r in res["summary"]["rows"] if arms is None or r["arm"] in arms]
     w = max(len(r["arm"]) for r in rows) + 2
     txt = {r["arm"]: [gap(res, r["arm"], c).text() if f"vs_{c}" in r else "-" for c in ("baseline", "frontier")]
@@ -137,7 +136,7 @@ def plot_arms(res: dict, arms: list[str], xs=("flops", "wall"), references: dict
 def findings_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
     """The README's table of the tutorial comparison, made from the cache (a test checks the README holds
     exactly this): per arm, the paper's protocol (equal steps) and equal FLOPs, each gap paired by seed with
-    its 95% interval and verdict (`accellib.stats`), beside the dense frontier; step time from the paired
+    its 95% interval and verdict (`accellib.analysis.stats`), beside the dense frontier; step time from the paired
     timing (`results/tutorial_timing.json`)."""
     short = lambda p: "—" if p is None else (f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}] "
                                              f"{p.verdict.replace('not resolved at', 'n.r. at')}")

@@ -38,7 +38,7 @@ from .losses import cross_entropy
 class ModelConfig:
     kind: str = "gpt"          # "gpt" (causal LM), "mlm" (masked LM); image classifiers: "vit", "cnn", "mlp"
     vocab_size: int = 257      # 256 bytes + [MASK]; set from the data's meta.json by the trainer
-                               # (GPT-2 tokenizer data: padded to 50,304, accellib.tasks.model_vocab_size)
+                               # (GPT-2 tokenizer data: padded to 50,304, accellib.core.tasks.model_vocab_size)
     seq_len: int = 128         # context length (learned absolute positions)
     n_layer: int = 4
     n_head: int = 4
@@ -48,7 +48,7 @@ class ModelConfig:
     bias: bool = True
     init_std: float = 0.02
     norm: str = "layer"        # transformers: "layer" (pre-LN) or "none" (every LayerNorm removed);
-                               # cnn/mlp: "none", "batch", "layer" or "group" (accellib/vision.py)
+                               # cnn/mlp: "none", "batch", "layer" or "group" (accellib/models/vision.py)
     patch: int = 4             # vit: patch size in pixels (seq_len is then set to patches + 1)
     act: str = "gelu"          # the MLP's GELU: "gelu" (exact, erf) or "gelu_tanh" (GPT-2's tanh approximation)
     init_from: str = ""        # "hf:PATH_OR_NAME": start from a GPT-2 checkpoint (accellib/export.py)
@@ -172,7 +172,7 @@ class Transformer(nn.Module):
         init_weights(self, cfg)
         # "" = the head and the loss run eagerly (lm_loss); a torch.compile backend name = they run as one
         # compiled region (compiled_head_loss). A string, not the compiled function: the model stays
-        # deep-copyable and picklable. Set by accellib.trainer.compile_blocks (train.compile=blocks).
+        # deep-copyable and picklable. Set by accellib.core.trainer.compile_blocks (train.compile=blocks).
         self.head_loss_backend = ""
 
     @property
@@ -246,7 +246,7 @@ def head(ln_f: nn.LayerNorm, lm_head: nn.Linear, x: torch.Tensor) -> torch.Tenso
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over targets != -100 (MLM's unscored positions), in fp32. Logits of a 16-bit
-    autocast (bf16 on GPUs) go through accellib/losses.py, a chunk of rows at a time, so they are never
+    autocast (bf16 on GPUs) go through accellib/models/losses.py, a chunk of rows at a time, so they are never
     copied whole to fp32. fp32 logits (every CPU run) have no copy to avoid and keep PyTorch's own
     cross-entropy: the same value, and bitwise the gradients every cached CPU result was computed with."""
     if logits.dtype in (torch.float16, torch.bfloat16):
@@ -298,6 +298,6 @@ def labelled_positions(labels: torch.Tensor, k: int) -> torch.Tensor:
 
     The k largest of (labels != -100) per row, by topk: no boolean indexing or nonzero, so no wait for
     the device (the count of labels is never read on the host). Precondition: no row has more than k
-    labels (accellib.data.mask_tokens labels exactly k per row); a row with fewer is filled up with
+    labels (accellib.data.tokens.mask_tokens labels exactly k per row); a row with fewer is filled up with
     unlabelled positions, whose -100 targets the loss ignores."""
     return (labels != -100).float().topk(k, dim=1, sorted=False).indices.sort(dim=1).values

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .model import ModelConfig, Plan
+from ..models.transformer import ModelConfig, Plan
 
 
 def block_forward_flops(cfg: ModelConfig, n_tokens: int) -> int:
@@ -47,7 +47,7 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, plan: Optional[Pla
     if head_tokens is None:
         if cfg.kind == "mlm":
             raise ValueError("a masked LM's head scores only its masked positions: pass head_tokens "
-                             "(accellib.tasks.mlm_labels_per_row(seq_len, mlm_prob))")
+                             "(accellib.core.tasks.mlm_labels_per_row(seq_len, mlm_prob))")
         head_tokens = seq_len
     per_seq = sum(block_forward_flops(cfg, n) for n in block_tokens(plan, cfg.n_layer, seq_len) if n)
     return batch * (per_seq + head_forward_flops(cfg, head_tokens))

@@ -1,0 +1,1 @@
+"""What only the notebooks use: the "your turn" checker."""
