@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from accellib.records import environment, git_commit, read_metrics, write_json  # noqa: E402
+from accellib.core.records import environment, git_commit, read_metrics, write_json  # noqa: E402
 from throughput import write_gpt2_tokens  # noqa: E402
 
 MFU_TARGET = 0.45
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
                                                 "required with --smoke)")
     ap.add_argument("--peak-flops", type=float, default=0.0,
                     help="peak bf16 FLOP/s of the GPU for the MFU (passed as --train.peak_flops); default: the table "
-                         "in accellib/hardware.py, which needs it for a GPU it does not list")
+                         "in accellib/core/hardware.py, which needs it for a GPU it does not list")
     ap.add_argument("--runs", default=None, help="folder of the runs (default runs/gpu_check; --smoke: beside --out)")
     args = ap.parse_args(argv)
     if args.smoke and not args.out:

@@ -3,13 +3,13 @@ interleaved, so both arms see the same machine load, and the ratio of each pair'
 
 Arms (forward + backward, bf16 autocast as on a GPU, one torch thread):
   loss, on given bf16 logits (N x V):
-    chunked      accellib/losses.py's chunked cross-entropy: what lm_loss ran eagerly on 16-bit logits
+    chunked      accellib/models/losses.py's chunked cross-entropy: what lm_loss ran eagerly on 16-bit logits
     eager_f32    F.cross_entropy(z.float()): the naive loss it replaced (a full fp32 copy of the logits)
     compiled     the same F.cross_entropy(z.float()) under torch.compile (inductor): the upcast fused into
                  the logsumexp, no fp32 logits tensor
   head + loss, from the last block's output x (N x C): ln_f -> lm_head -> loss
     eager_head   head() then lm_loss (chunked): the GPU path before issue 27
-    compiled_head  accellib.model.compiled_head_loss("inductor"): what train.compile=blocks now runs
+    compiled_head  accellib.models.transformer.compiled_head_loss("inductor"): what train.compile=blocks now runs
 
     python benchmarks/head_loss.py                  # -> results/head_loss_cpu.json (about 2 minutes)
     python benchmarks/head_loss.py --quick --out X  # smoke run
@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from accellib.losses import cross_entropy  # noqa: E402
-from accellib.model import compiled_head_loss, head, lm_loss  # noqa: E402
-from accellib.records import environment, write_json  # noqa: E402
+from accellib.models.losses import cross_entropy  # noqa: E402
+from accellib.models.transformer import compiled_head_loss, head, lm_loss  # noqa: E402
+from accellib.core.records import environment, write_json  # noqa: E402
 
 
 def fwd_bwd(fn, inputs):

@@ -27,10 +27,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from accellib.config import load_config  # noqa: E402
-from accellib.records import write_json  # noqa: E402
-from accellib.stats import Paired, from_gaps  # noqa: E402
-from accellib.trainer import Trainer  # noqa: E402
+from accellib.core.config import load_config  # noqa: E402
+from accellib.core.records import write_json  # noqa: E402
+from accellib.analysis.stats import Paired, from_gaps  # noqa: E402
+from accellib.core.trainer import Trainer  # noqa: E402
 
 # (a) times the brief's model; (b) needs 21 runs of 400 steps, so it uses a narrower, shorter-context one
 MODEL_A = {"model.n_layer": 8, "model.d_model": 128, "model.n_head": 4, "model.seq_len": 128}
@@ -160,7 +160,7 @@ def to_target(seeds: list[int], thetas: list[float], steps: int, every: int, qui
                          gain_vs_matched_baseline=med("gain_vs_matched", per),
                          flops_to_target=med("flops_ratio", reached), wall_to_target=med("wall_ratio", reached),
                          flops_equal_steps=med("final_flops_ratio", per), wall_equal_steps=med("final_wall_ratio", per),
-                         # the one rule (accellib.stats): arm - compute-matched baseline, paired by seed
+                         # the one rule (accellib.analysis.stats): arm - compute-matched baseline, paired by seed
                          vs_matched=None if a == "baseline" else
                          from_gaps([-p["gain_vs_matched"] for p in per]).to_dict()))
     return rows
@@ -198,7 +198,7 @@ def main() -> None:
     print("gap = final val - the same seed's baseline final (equal steps); gain@=F = the baseline's val loss "
           "at the arm's total FLOPs - the arm's final val;\ngain/m = the final val of a baseline trained with its own "
           "schedule for the arm's FLOPs - the arm's final val (the fair control); medians over seeds, shown, not judged")
-    print("\nthe verdict (accellib.stats: arm - its compute-matched baseline, paired by seed, 95% t-interval):")
+    print("\nthe verdict (accellib.analysis.stats: arm - its compute-matched baseline, paired by seed, 95% t-interval):")
     for r in b:
         if r["vs_matched"] is not None:
             print(f"  {r['arm']:<6} theta {r['theta_bar']:.1f}: {Paired.from_dict(r['vs_matched']).text()}")

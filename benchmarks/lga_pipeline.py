@@ -40,13 +40,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from accellib import planner  # noqa: E402
-from accellib.parallel.engine import Stage, time_on_processes  # noqa: E402
-from accellib.parallel.layered_accumulation import ring_factor  # noqa: E402
+from accellib.analysis import planner  # noqa: E402
+from accellib.parallel.engine import Stage  # noqa: E402
+from accellib.drivers.timing import time_on_processes
+from accellib.parallel.comm import ring_factor  # noqa: E402
 from accellib.parallel.pipeline import split_layers  # noqa: E402
 from accellib.parallel.simulate import exposed_comm, simulate_dp, step_time  # noqa: E402
 from accellib.parallel.zero_layered import closed_form_volume, layer_params  # noqa: E402
-from accellib.records import table, write_json  # noqa: E402
+from accellib.core.records import table, write_json  # noqa: E402
 
 P, DP, V, M, N_LAYER = 2, 2, 4, 4, 8
 MODEL = {"model.n_layer": N_LAYER, "model.d_model": 64, "model.n_head": 2, "model.seq_len": 16,
@@ -56,9 +57,9 @@ ARMS = [("looped_bfs", "after_step"), ("looped_bfs", "per_stage"), ("interleaved
 
 def _model(**extra):
     """The benchmark's model as the trainer builds it (the vocabulary from the data's meta.json)."""
-    from accellib.config import load_config
-    from accellib.model import Transformer
-    from accellib.tasks import make_task
+    from accellib.core.config import load_config
+    from accellib.models.transformer import Transformer
+    from accellib.core.tasks import make_task
     over = {"data.path": ROOT / "data" / "shakespeare", **MODEL, **extra}
     cfg = load_config(None, [f"--{k}={v}" for k, v in over.items()])
     make_task(cfg).configure()

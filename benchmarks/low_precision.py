@@ -4,11 +4,11 @@ emulation costs, and what FP8 operands, narrow accumulation and the weight-updat
 1. overhead   the emulated Linear (FP8 operands, (1,6,9) accumulation; forward + both backward GEMMs)
               against F.linear on the layer shapes of configs/lowp.yaml (1024 tokens), one thread,
               paired and interleaved, median of rounds; and the training step of the fp8_chunk64 arm
-              against the fp32 baseline (accellib.budget.paired_step_seconds)
+              against the fp32 baseline (accellib.drivers.budget.paired_step_seconds)
 2. training   every arm of configs/lowp.yaml at equal steps through `accellib.compare` (the one trainer
               loop): fp32, FP8 operands only, + naive (1,6,9) accumulation, + chunked (CL 64), and RNE
               instead of SR weight updates, 3 seeds; val-loss gaps to the baseline and between arms (naive -
-              chunked, RNE - SR), paired by seed and judged by accellib.stats
+              chunked, RNE - SR), paired by seed and judged by accellib.analysis.stats
 3. sweep      the accumulator-mantissa arms (acc_m*), 1 seed, next to the m_acc that the variance
               retention ratio predicts for each GEMM (accellib.numerics.vrr)
 
@@ -31,11 +31,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 
-from accellib import stats  # noqa: E402
-from accellib.compare import arm_configs  # noqa: E402
+from accellib.analysis import stats  # noqa: E402
+from accellib.drivers.arms import arm_configs  # noqa: E402
 from accellib.numerics.formats import E5M2, E6M9  # noqa: E402
 from accellib.numerics.linear import LowpGemms, emulated_linear  # noqa: E402
-from accellib.records import environment, table, write_json  # noqa: E402
+from accellib.core.records import environment, table, write_json  # noqa: E402
 from reproduce import compare  # noqa: E402
 
 CONFIG = ROOT / "configs" / "lowp.yaml"
@@ -74,14 +74,14 @@ def linear_overhead(rounds: int) -> list[dict]:
 
 
 def step_overhead(rounds: int) -> dict:
-    from accellib.budget import paired_step_seconds
+    from accellib.drivers.budget import paired_step_seconds
     cfgs = arm_configs(CONFIG, ["baseline", "fp8_chunk64"], ["--train.threads=1"])
     return paired_step_seconds(cfgs, positions=2, rounds=rounds)
 
 
 def gaps(summary: dict, seeds: int) -> dict:
     """Each arm's val loss minus the baseline's, and naive - chunked, RNE - SR, paired by seed: the course's one
-    rule (accellib.stats: mean, 95% t-interval, verdict wins / loses / not resolved at n seeds)."""
+    rule (accellib.analysis.stats: mean, 95% t-interval, verdict wins / loses / not resolved at n seeds)."""
     rows = {r["arm"]: r for r in summary["rows"]}
     per = {a: r["val_losses"] for a, r in rows.items()}
 
@@ -115,7 +115,7 @@ def main() -> int:
     print("== accumulator-mantissa sweep, one seed", flush=True)
     sw = compare(CONFIG, runs / "sweep", sweep, "steps", 1, extra, args.jobs)
     from accellib.numerics.vrr import predict_table
-    from accellib.data import load_token_data
+    from accellib.data.tokens import load_token_data
     base = arm_configs(CONFIG, ["baseline"], [])["baseline"]
     base.model.vocab_size = load_token_data(ROOT / base.data.path).vocab_size  # the head's K in the backward pass
     rec = dict(name="low_precision_cpu", command="python benchmarks/low_precision.py --jobs 2",

@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from accellib.config import load_config  # noqa: E402
-from accellib.records import read_metrics, write_json  # noqa: E402
-from accellib.techniques.vcycle import run_vcycle  # noqa: E402
+from accellib.core.config import load_config  # noqa: E402
+from accellib.core.records import read_metrics, write_json  # noqa: E402
+from accellib.drivers.vcycle import run_vcycle  # noqa: E402
 from accellib.train import training_function  # noqa: E402
 
 SIZES = {  # name -> (n_layer, d_model, n_head, seq_len, batch)

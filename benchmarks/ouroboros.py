@@ -45,10 +45,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import accelerate  # noqa: E402
 import torch  # noqa: E402
 
-from accellib.compare import arm_configs  # noqa: E402
-from accellib.config import load_config  # noqa: E402
-from accellib.launch import launch_processes  # noqa: E402
-from accellib.records import read_metrics, table, write_json  # noqa: E402
+from accellib.drivers.arms import arm_configs  # noqa: E402
+from accellib.core.config import load_config  # noqa: E402
+from accellib.core.launch import launch_processes  # noqa: E402
+from accellib.core.records import read_metrics, table, write_json  # noqa: E402
 from accellib.parallel.ouroboros import default_split  # noqa: E402
 from accellib.parallel.simulate import ouroboros_step_time  # noqa: E402
 
@@ -71,7 +71,7 @@ def job_overrides(job: dict, data: Path) -> list[str]:
 
 def _worker(jobs: list[dict], data: Path, tmp: Path) -> None:
     """One process of the group: every job in order, through the trainer."""
-    from accellib import model as M
+    from accellib.models import transformer as M
     from accellib.parallel.engine import FixedCost
     from accellib.train import training_function
     plain = M.Transformer.head

@@ -28,14 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from accellib import planner  # noqa: E402
-from accellib.parallel.comm_overlap import measure_exposed_comm  # noqa: E402
-from accellib.parallel.engine import time_on_processes  # noqa: E402
-from accellib.records import table, write_json  # noqa: E402
+from accellib.analysis import planner  # noqa: E402
+from accellib.drivers.comm_overlap import measure_exposed_comm  # noqa: E402
+from accellib.drivers.timing import time_on_processes  # noqa: E402
+from accellib.core.records import table, write_json  # noqa: E402
 
 
 def pipeline_bench(P: int, m: int, v: int, n_layer: int, t_layer: float, reps: int, steps: int):
-    """Each schedule twice per repetition, through the one trainer (accellib.parallel.engine.time_on_processes):
+    """Each schedule twice per repetition, through the one trainer (accellib.drivers.timing.time_on_processes):
     with the fixed per-block cost, and with zero cost. The zero-cost run measures the schedule's own
     overhead o (gloo messages, Python, the trainer's clip and AdamW step), which the closed form does not
     model; the bubble is reported raw and net of it."""

@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from accellib import flops as F  # noqa: E402
-from accellib.config import load_config  # noqa: E402
-from accellib.records import read_metrics, write_json  # noqa: E402
-from accellib.trainer import Trainer  # noqa: E402
+from accellib.analysis import flops as F  # noqa: E402
+from accellib.core.config import load_config  # noqa: E402
+from accellib.core.records import read_metrics, write_json  # noqa: E402
+from accellib.core.trainer import Trainer  # noqa: E402
 
 DATA = ROOT / "data" / "shakespeare"
 

@@ -40,8 +40,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from accellib.compare import DENSE, arm_configs, check_data, dense_arms, is_plain  # noqa: E402
-from accellib.records import environment, read_metrics, write_json  # noqa: E402
+from accellib.drivers.arms import DENSE, arm_configs, check_data, dense_arms, is_plain  # noqa: E402
+from accellib.core.records import environment, read_metrics, write_json  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
@@ -136,7 +136,7 @@ def compare(config: Path, out: Path, arms: list[str], budget: str, seeds: int, e
 
 
 def timing(config: Path, quick: bool) -> dict:
-    from accellib.budget import paired_step_seconds
+    from accellib.drivers.budget import paired_step_seconds
     import torch
     torch.set_num_threads(1)
     cfgs = arm_configs(config, None, ["--train.threads=1"] + (["--train.steps=40"] if quick else []))

@@ -45,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from accellib.records import environment, read_metrics, write_json  # noqa: E402
+from accellib.core.records import environment, read_metrics, write_json  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 DEPTHS = (4, 6, 12)

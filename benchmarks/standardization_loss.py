@@ -2,7 +2,7 @@
 Standardization Loss", arXiv 1903.00925, 2019) on CPU: the paper's MNIST CNN protocol at the scale of
 scikit-learn's 8x8 digits, and our transformer variant. Every run goes through the one trainer loop
 (`accellib.train.training_function`), one process per run, `--jobs` at once; a run that produces
-non-finite numbers (accellib.trainer.TrainingError) is recorded as "diverged".
+non-finite numbers (accellib.core.trainer.TrainingError) is recorded as "diverged".
 
 Parts (configs/digits_cnn.yaml: arms baseline = no normalisation, sl = standardization loss, bn = batch
 norm shift only; plain SGD, batch 128, weight decay 4e-5, 1000 steps, constant LR; eval every 25 steps):
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from accellib.stats import mean_sd  # noqa: E402
-from accellib.records import environment, table, write_json  # noqa: E402
+from accellib.analysis.stats import mean_sd  # noqa: E402
+from accellib.core.records import environment, table, write_json  # noqa: E402
 
 DIGITS = ROOT / "configs" / "digits_cnn.yaml"
 TUTORIAL = ROOT / "configs" / "tutorial.yaml"
@@ -60,10 +60,10 @@ def run_one(job: dict) -> dict:
     import torch
     torch.set_num_threads(1)
     import accellib.techniques  # noqa: F401  (registers the technique sections)
-    from accellib.compare import arm_configs
-    from accellib.records import read_metrics
+    from accellib.drivers.arms import arm_configs
+    from accellib.core.records import read_metrics
     from accellib.train import training_function
-    from accellib.trainer import TrainingError
+    from accellib.core.trainer import TrainingError
     out = Path(job["out"])
     cfg = arm_configs(job["config"], [job["arm"]], ["--train.progress=false", "--train.threads=1",
                                                      f"--train.seed={job['seed']}", *job["overrides"]])[job["arm"]]
@@ -79,7 +79,7 @@ def run_one(job: dict) -> dict:
 
 def summarize(results: list[dict], metric: str) -> dict:
     """Mean ± sd of the final `metric` over a group's seeds that finished (the spread of one arm, for display;
-    comparisons are judged per seed by accellib.stats); diverged seeds are counted."""
+    comparisons are judged per seed by accellib.analysis.stats); diverged seeds are counted."""
     ok = [r["final"][metric] for r in results if r["status"] == "ok" and math.isfinite(r["final"][metric])]
     mean, sd = mean_sd(ok) if ok else (float("nan"), float("nan"))
     return {metric: round(mean, 4), f"{metric}_sd": round(sd, 4), f"{metric}s": [round(x, 4) for x in ok],
@@ -105,11 +105,11 @@ def to_target(groups: dict[str, list[dict]], targets: dict[str, float]) -> dict:
 
 
 def step_timing(quick: bool) -> dict:
-    """Paired step time of the three digits arms (accellib.budget.paired_step_seconds: steps spread over the run,
+    """Paired step time of the three digits arms (accellib.drivers.budget.paired_step_seconds: steps spread over the run,
     interleaved rounds, ratios taken within each round), one thread, after the pool has finished."""
     import torch
-    from accellib.budget import paired_step_seconds
-    from accellib.compare import arm_configs
+    from accellib.drivers.budget import paired_step_seconds
+    from accellib.drivers.arms import arm_configs
     torch.set_num_threads(1)
     cfgs = arm_configs(DIGITS, list(ARMS), ["--train.progress=false", "--train.checkpoint_every=0"])
     r = paired_step_seconds(cfgs, positions=4 if quick else 20, rounds=2 if quick else 7)

@@ -1,12 +1,12 @@
 """Tokens/s of the accellib trainer vs a minimal plain-PyTorch loop of the same model, compile off and on.
 
 Every loop does the same work per step: sample a batch, forward, backward, clip, set the LR, step the
-optimizer (accellib.trainer.make_optimizer, fused on CUDA, in both), zero_grad; on CUDA both run bf16
-autocast and TF32 (accellib.hardware.enable_fast_math). The loops:
+optimizer (accellib.core.trainer.make_optimizer, fused on CUDA, in both), zero_grad; on CUDA both run bf16
+autocast and TF32 (accellib.core.hardware.enable_fast_math). The loops:
 
     plain              the loop a careful user writes by hand
     accellib           Trainer.train_step
-    plain+compile      the plain loop with each transformer block torch.compiled (accellib.trainer.compile_blocks)
+    plain+compile      the plain loop with each transformer block torch.compiled (accellib.core.trainer.compile_blocks)
     accellib+compile   the trainer with --train.compile=blocks
 
 Each loop is warmed up first (compilation happens there, outside the timing), then they are timed in
@@ -39,12 +39,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from accellib.config import load_config  # noqa: E402
-from accellib.data import generator_for, sample_batch  # noqa: E402
-from accellib.hardware import enable_fast_math, peak_flops  # noqa: E402
-from accellib.model import Transformer  # noqa: E402
-from accellib.records import environment, write_json  # noqa: E402
-from accellib.trainer import Trainer, compile_blocks, make_optimizer  # noqa: E402
+from accellib.core.config import load_config  # noqa: E402
+from accellib.data.tokens import generator_for, sample_batch  # noqa: E402
+from accellib.core.hardware import enable_fast_math, peak_flops  # noqa: E402
+from accellib.models.transformer import Transformer  # noqa: E402
+from accellib.core.records import environment, write_json  # noqa: E402
+from accellib.core.trainer import Trainer, compile_blocks, make_optimizer  # noqa: E402
 from data_scripts.tokenize_corpus import write_token_dataset  # noqa: E402
 
 GPT2_IDS = 50257  # GPT-2's BPE ids are 0..50256; the data format adds one id for [MASK]
@@ -56,7 +56,7 @@ TARGET = 0.97
 
 
 def write_gpt2_tokens(folder: str | Path, n_train: int, n_val: int, seed: int = 0) -> Path:
-    """A token folder (accellib/data.py's format) of uniform random GPT-2 ids, meta tokenizer "gpt2"."""
+    """A token folder (accellib/data/tokens.py's format) of uniform random GPT-2 ids, meta tokenizer "gpt2"."""
     rng = np.random.default_rng(seed)
     ids = lambda n: rng.integers(0, GPT2_IDS, n, dtype=np.uint16)  # noqa: E731
     return write_token_dataset(folder, ids(n_train), ids(n_val), dict(
@@ -201,13 +201,13 @@ def main(argv=None):
     if device.type == "cuda":
         name, precision = torch.cuda.get_device_name(0), "bf16" if torch.cuda.is_bf16_supported() else "fp32"
         peak = peak_flops(device, precision)
-        flops_step = tr.task.micro_flops(None)  # the trainer's count (accellib/flops.py) of one step
+        flops_step = tr.task.micro_flops(None)  # the trainer's count (accellib/analysis/flops.py) of one step
         achieved = {k: flops_step * args.steps / statistics.median(v) for k, v in times.items()}
         out.update(gpu=name, precision=precision, peak_flops=peak, achieved_flops=achieved,
                    mfu={k: a / peak for k, a in achieved.items()} if peak else None)
         for k, a in achieved.items():
             print(f"MFU {k:<18} {a / peak:.1%} of {peak:.3g} FLOP/s ({precision}, {name})" if peak
-                  else f"{k}: {a:.3e} FLOP/s ({name} has no peak in accellib.hardware.PEAK_FLOPS)")
+                  else f"{k}: {a:.3e} FLOP/s ({name} has no peak in accellib.core.hardware.PEAK_FLOPS)")
     if not args.quick:
         (ROOT / "results").mkdir(exist_ok=True)
         write_json(ROOT / "results" / f"throughput_{device.type}.json", out)

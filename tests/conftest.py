@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from accellib.config import load_config
-from accellib.records import TIMING_FIELDS
+from accellib.core.config import load_config
+from accellib.core.records import TIMING_FIELDS
 
 torch.set_num_threads(1)
 
@@ -88,9 +88,9 @@ def crash_and_resume(cfg_factory, kw: dict, tmp_path, monkeypatch, crash_after: 
     """Train `cfg_factory(**kw)` uninterrupted into full/, then again into part/ crashing after
     `crash_after` optimizer steps, resume part/ from the command line, and return both runs'
     metrics (timing fields removed) and final records: (full, part, full_record, part_record)."""
-    from accellib.records import read_metrics, read_record
+    from accellib.core.records import read_metrics, read_record
     from accellib.train import main, training_function
-    from accellib.trainer import Trainer
+    from accellib.core.trainer import Trainer
 
     training_function(cfg_factory(**kw), tmp_path / "full")
     orig = Trainer.train_step
@@ -132,11 +132,11 @@ def kill9_after(argv: list[str], run, lines: int, cwd, timeout_s: float = 120) -
 
 def train_run(data_dir, out, extra: dict, crash_after=None, resume: bool = False):
     """Train the tiny config (+ `extra`) into `out` through the CLI's training_function; usable as the
-    function of accellib.launch.launch_processes (one call per process). `crash_after`: raise after that
+    function of accellib.core.launch.launch_processes (one call per process). `crash_after`: raise after that
     many optimizer steps (a RuntimeError: torch's process launcher swallows KeyboardInterrupt)."""
     from accelerate.state import AcceleratorState
     from accellib.train import training_function
-    from accellib.trainer import Trainer
+    from accellib.core.trainer import Trainer
     if crash_after is not None:
         orig = Trainer.train_step
 

@@ -68,10 +68,10 @@ def test_scaling_grid_every_size_and_arm_is_a_valid_config():
     heads keep 16 dimensions (depth 3 would fail here: the V-cycle merges pairs of blocks)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import scaling
-    from accellib.compare import arm_configs, check_data
-    from accellib.config import validate
+    from accellib.drivers.arms import arm_configs, check_data
+    from accellib.core.config import validate
     from accellib.techniques import build_techniques
-    from accellib.techniques.vcycle import plan_stages
+    from accellib.drivers.vcycle import plan_stages
     for L in scaling.DEPTHS:
         for d in scaling.WIDTHS:
             cfgs = arm_configs(scaling.CONFIG, list(scaling.ARMS), scaling.size_overrides(L, d))

@@ -7,12 +7,13 @@ import pytest
 import torch
 import yaml
 
-from accellib.budget import planned_flops, resolve, steps_for_flops
+from accellib.drivers.budget import planned_flops, resolve, steps_for_flops
 from accellib.compare import crossing, format_table, main as compare_main, run_arms, summarize
-from accellib.config import ConfigError, load_config, with_horizon
-from accellib.data import load_token_data, ngram_references
-from accellib.records import read_metrics
-from accellib.trainer import Trainer
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config, with_horizon
+from accellib.data.tokens import load_token_data, ngram_references
+from accellib.core.records import read_metrics
+from accellib.core.trainer import Trainer
 
 from conftest import tiny_overrides
 

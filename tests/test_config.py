@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from accellib.config import ConfigError, help_text, load_config, parse_overrides
+from accellib.core.options import ConfigError
+from accellib.core.config import help_text, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # data_scripts/ is not installed with the package
     sys.path.insert(0, str(ROOT))
 
-from accellib.config import load_config  # noqa: E402
-from accellib.data import prepare_hint  # noqa: E402
+from accellib.core.config import load_config  # noqa: E402
+from accellib.data.tokens import prepare_hint  # noqa: E402
 from data_scripts.prepare_hf import default_out_dir  # noqa: E402
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # configs/accelerate/ holds accelerate's own files
@@ -27,7 +27,7 @@ IMAGE_GPU = {"cifar10_vit_sl"}
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_loads(path):
     if "\narms:" in path.read_text():  # the main job's file: a base config plus arms, for accellib.compare
-        from accellib.compare import arm_configs
+        from accellib.drivers.arms import arm_configs
         cfg = arm_configs(path, None, None)["baseline"]
     else:
         cfg = load_config(path)
@@ -49,7 +49,7 @@ def test_every_gpu_scale_config_is_listed():
 
 @pytest.mark.parametrize("name,folder", sorted(IMAGE.items()))
 def test_image_config_names_the_command_that_writes_its_data(name, folder):
-    from accellib.image_data import image_hint
+    from accellib.data.images import image_hint
     path = ROOT / "configs" / f"{name}.yaml"
     cfg = load_config(path) if "\narms:" not in path.read_text() else None
     data = ROOT / (cfg.data.path if cfg else f"data/{folder}")

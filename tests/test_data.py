@@ -1,4 +1,4 @@
-"""accellib.data and data_scripts/: token files, atomic writes, sampling, MLM masking, seeds.
+"""accellib.data.tokens and data_scripts/: token files, atomic writes, sampling, MLM masking, seeds.
 
 Offline and fast: every corpus is a few KB of text made here; nothing is downloaded.
 """
@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # data_scripts/ is not installed with the package
     sys.path.insert(0, str(ROOT))
 
-import accellib.data as data_module  # noqa: E402
-from accellib.data import (VERIFIED, DataError, eval_windows, generator_for, load_token_data,  # noqa: E402
+import accellib.data.tokens as data_module  # noqa: E402
+from accellib.data.tokens import (VERIFIED, DataError, eval_windows, generator_for, load_token_data,  # noqa: E402
                            mask_tokens, sample_batch, seed_for)
-from data_scripts import atomic_folder as af  # noqa: E402
+from accellib.data import atomic_folder as af  # noqa: E402
 from data_scripts import tokenize_corpus as tc  # noqa: E402
 
 LINES = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
@@ -239,7 +239,7 @@ def test_fix_command_rebuilds_the_folder_it_names(tmp_path):
     with pytest.raises(DataError, match=re.escape(f"run `{shakespeare} --out {moved} --force`") + "$"):
         load_token_data(moved)
     # at its default place the command needs no --out
-    from accellib.data import prepare_hint
+    from accellib.data.tokens import prepare_hint
     assert prepare_hint(ROOT / "data" / "shakespeare", shakespeare) == f"run `{shakespeare} --force`"
     assert prepare_hint(ROOT / "data" / "shakespeare_bpe512") == \
         "run `python data_scripts/prepare_shakespeare.py --tokenizer bpe --vocab-size 512 --force`"
@@ -551,7 +551,7 @@ def test_mask_tokens_at_least_one_per_row():
 # ----------------------------------------------------------------------------- seeds
 
 def test_seed_for_is_stable_splitmix64():
-    from accellib.data import _splitmix64
+    from accellib.data.tokens import _splitmix64
     assert _splitmix64(0) == 0xE220A8397B1DCDAF  # the published splitmix64 sequence from state 0
     assert seed_for(0) == 3395948882924712079
     assert seed_for(1337, 0, 0, 0) == 8643467262420602909
@@ -654,7 +654,7 @@ def test_a_folder_of_another_kind_of_data_is_never_named_in_a_fix(digits_dir, tm
         load_token_data(root / "data" / "digits")
     assert "y.yaml" not in str(e.value)
     # and the other way round: a token folder under an image config
-    from accellib.image_data import load_image_data
+    from accellib.data.images import load_image_data
     tokens = tc.prepare(corpus(), tmp_path / "tok", "byte", created_by="python data_scripts/prepare_shakespeare.py")[0]
     with pytest.raises(DataError) as e:
         load_image_data(tokens)
@@ -667,7 +667,7 @@ def test_an_unreadable_meta_json_beside_another_kinds_files_is_never_rebuilt(dig
     # issue 26 item 3, the case left: image arrays whose meta.json is corrupt, read by a GPT config, were
     # answered with "pass --out <folder> --force", and the Shakespeare script would replace the images
     import shutil
-    from accellib.image_data import load_image_data
+    from accellib.data.images import load_image_data
     images = tmp_path / "digits"
     shutil.copytree(digits_dir, images)
     (images / "meta.json").write_text("{ not json")

@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from accellib.budget import planned_flops, resolve
-from accellib.compare import (arm_configs, dense_arms, frontier, is_dense, main as compare_main, paired_gaps)
-from accellib.config import ConfigError, with_horizon
+from accellib.drivers.budget import planned_flops, resolve
+from accellib.drivers.arms import arm_configs, dense_arms, is_dense
+from accellib.compare import frontier, main as compare_main, paired_gaps
+from accellib.core.options import ConfigError
+from accellib.core.config import with_horizon
 
 from test_compare_budget import _yaml
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.config import load_config
-from accellib.launch import LaunchError, launch_processes
+from accellib.core.config import load_config
+from accellib.core.launch import LaunchError, launch_processes
 from conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _train_and_dump(data_dir, out_dir, extra):
     from accelerate.state import AcceleratorState
-    from accellib.trainer import Trainer
+    from accellib.core.trainer import Trainer
     cfg = load_config(None, tiny_overrides(data_dir, **extra))
     tr = Trainer(cfg)
     losses = [float(tr.train_step()) for _ in range(3)]
@@ -52,7 +52,7 @@ def _run(cmd, tmp_path, **env):
 @pytest.mark.timeout(300)
 def test_torchrun_cli_two_processes(tiny_data_dir, tmp_path):
     bindir = Path(sys.executable).parent
-    from accellib.launch import _free_port  # torchrun's default port 29500 is shared by every concurrent test
+    from accellib.core.launch import _free_port  # torchrun's default port 29500 is shared by every concurrent test
     cmd = [str(bindir / "torchrun"), "--nproc_per_node", "2", f"--master_port={_free_port()}", "-m",
            "accellib.train", "--out", str(tmp_path / "run")] + tiny_overrides(tiny_data_dir, **{"train.steps": 3})
     p = _run(cmd, tmp_path)
@@ -74,7 +74,7 @@ def test_accelerate_launch_cpu_flag_mislaunch_is_caught(tiny_data_dir, tmp_path)
 
 
 def test_world_size_mismatch_message(monkeypatch):
-    from accellib.launch import LaunchError, check_world_size
+    from accellib.core.launch import LaunchError, check_world_size
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(LaunchError, match="launched as 2 processes but Accelerate runs 1"):
         check_world_size(1)
@@ -116,8 +116,8 @@ def _arms_yaml(tmp_path, data_dir) -> Path:
 def test_arms_that_see_different_data_per_step_are_refused(tiny_data_dir, tmp_path):
     # issue 26 item 1: under 2 processes the baseline is data-parallel (2 x the batch per step) while an
     # Ouroboros ring or a pipeline trains one batch; the table compared them "at equal steps"
-    from accellib.compare import arm_configs, check_same_data
-    from accellib.config import ConfigError
+    from accellib.drivers.arms import arm_configs, check_same_data
+    from accellib.core.options import ConfigError
     cfgs = arm_configs(_arms_yaml(tmp_path, tiny_data_dir), None, [])
     for arms in (["baseline", "pld", "zero"], ["ouroboros", "pipeline"]):
         check_same_data({a: cfgs[a] for a in arms}, 2)                       # the same tokens per step
@@ -135,7 +135,7 @@ def test_arms_that_see_different_data_per_step_are_refused(tiny_data_dir, tmp_pa
 @pytest.mark.timeout(300)
 def test_torchrun_compare_of_a_data_parallel_and_an_engine_arm_is_refused(tiny_data_dir, tmp_path):
     bindir = Path(sys.executable).parent
-    from accellib.launch import _free_port
+    from accellib.core.launch import _free_port
     out = tmp_path / "cmp"
     cmd = [str(bindir / "torchrun"), "--nproc_per_node", "2", f"--master_port={_free_port()}", "-m",
            "accellib.compare", "--config", str(_arms_yaml(tmp_path, tiny_data_dir)), "--out", str(out),

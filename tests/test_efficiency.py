@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from accellib.records import read_metrics
+from accellib.core.records import read_metrics
 from accellib.train import training_function
-from accellib.trainer import Trainer, TrainingError
+from accellib.core.trainer import Trainer, TrainingError
 
 # every way a tensor's value reaches Python: on a GPU each one waits for all the work queued before it
 HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
@@ -23,7 +23,7 @@ HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__
 # flow, decided before the step), SBLD's profiling (once, when its warm-up ends: the sensitivities
 # decide the host-side plan from then on), and the optimizer's step counters (CPU scalars in torch's
 # non-fused AdamW; the fused CUDA AdamW the trainer uses there reads none), and lowp's emulated rounding
-HOST_SIDE = (("accellib/data.py", "sample_batch"), ("accellib/techniques/_layer_drop_common.py", "draw_gates"),
+HOST_SIDE = (("accellib/data/tokens.py", "sample_batch"), ("accellib/techniques/_layer_drop_common.py", "draw_gates"),
              ("accellib/techniques/sensitivity_layer_drop.py", "profile"), ("torch/optim/", ""),
              # lowp's exact software emulation (lowp.backend=emulate, a CPU study; a GPU runs lowp.backend=torchao):
              # its rounding tests for subnormals and NaNs, which decide whether stochastic rounding draws
@@ -158,7 +158,8 @@ def test_a_whole_model_compile_is_what_needs_many_graphs(tiny_cfg):
 
 
 def test_compile_refuses_a_model_without_blocks():
-    from accellib.config import ConfigError, load_config
+    from accellib.core.options import ConfigError
+    from accellib.core.config import load_config
     with pytest.raises(ConfigError, match="train.compile=blocks .* model.kind=cnn has none; use train.compile=none"):
         load_config(None, ["--model.kind=cnn", "--train.compile=blocks"])
 
@@ -187,7 +188,7 @@ def test_every_log_record_has_mfu_grad_norm_and_peak_memory(tiny_cfg, tmp_path):
 
 def test_mixed_precision_keeps_the_logits_in_bf16(tiny_cfg):
     """Accelerate's prepare() would return every output in fp32 (a full fp32 copy of the logits); the
-    trainer removes that wrapper, so the logits stay bf16 and only the loss is fp32 (accellib/losses.py)."""
+    trainer removes that wrapper, so the logits stay bf16 and only the loss is fp32 (accellib/models/losses.py)."""
     tr = Trainer(tiny_cfg(**{"train.precision": "bf16"}))
     x, y = tr.batches(0)[0]
     with tr.accelerator.autocast():

@@ -9,13 +9,13 @@ pytest.importorskip("lm_eval", reason="pip install -e '.[hf]' (make test install
 
 from accellib.evaluate import (cloze_context, cloze_items, frequency_baseline, main as evaluate_main,  # noqa: E402
                                ppl_docs, validation_text)
-from accellib.records import read_record  # noqa: E402
+from accellib.core.records import read_record  # noqa: E402
 from accellib.train import training_function  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_data_dir, tmp_path_factory):
-    from accellib.config import load_config
+    from accellib.core.config import load_config
     from conftest import tiny_overrides
     run = tmp_path_factory.mktemp("eval") / "run"
     training_function(load_config(None, tiny_overrides(tiny_data_dir, **{"train.steps": 20})), run)
@@ -41,7 +41,7 @@ def own_bits_per_byte(run, text):
     """What lm-eval's rolling log-likelihood must give, computed with accellib's own model: disjoint
     windows of seq_len predictions, each conditioned on the token before it (the first on a newline)."""
     from accellib.export import run_weights
-    from accellib.model import Transformer
+    from accellib.models.transformer import Transformer
     cfg, sd, _ = run_weights(run)
     m = Transformer(cfg.model).eval()
     m.load_state_dict(sd)
@@ -110,7 +110,7 @@ def test_evaluation_of_a_run_another_process_writes_is_refused(trained, capsys):
     import subprocess
     import sys
     hold = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                             "from accellib.run_dir import lock_run; assert lock_run(Path(sys.argv[1])) is None; "
+                             "from accellib.core.run_dir import lock_run; assert lock_run(Path(sys.argv[1])) is None; "
                              "print('held', flush=True); time.sleep(60)", str(trained)], stdout=subprocess.PIPE, text=True)
     try:
         assert hold.stdout.readline().strip() == "held"

@@ -1,4 +1,4 @@
-"""The notebooks' "your turn" exercises (accellib/exercises.py): each of notebooks 01-08 has one "# YOUR TURN" cell
+"""The notebooks' "your turn" exercises (accellib/course/exercises.py): each of notebooks 01-08 has one "# YOUR TURN" cell
 and a "# CHECK" cell right after it. As shipped the check says the function is not written yet; with the reference
 answer from notebooks/solutions/ in place of the your-turn cell it must print PASS; and `check` itself reports the
 first mismatch of a wrong answer."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.exercises import NOT_WRITTEN, check
+from accellib.course.exercises import NOT_WRITTEN, check
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("0[1-8]_*.ipynb"))

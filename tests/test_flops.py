@@ -1,8 +1,8 @@
 """FLOPs accounting against a hand count."""
 import torch
 
-from accellib.flops import forward_flops, layer_tokens, train_step_flops
-from accellib.model import BlockPlan, ModelConfig, Plan
+from accellib.analysis.flops import forward_flops, layer_tokens, train_step_flops
+from accellib.models.transformer import BlockPlan, ModelConfig, Plan
 
 
 def test_hand_count_one_block():
@@ -50,7 +50,7 @@ def test_bert_base_head_share():
 
 
 def test_lm_task_counts_the_mlm_head_on_k_positions(tiny_cfg):
-    from accellib.tasks import make_task
+    from accellib.core.tasks import make_task
     for kind, h in (("gpt", 32), ("mlm", 5)):            # tiny config: T=32, mlm_prob 0.15 -> k=5
         task = make_task(tiny_cfg(**{"model.kind": kind}))
         task.configure()

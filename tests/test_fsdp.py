@@ -22,13 +22,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accellib.config import ConfigError, load_config
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
 from accellib.export import export_run, model_state_dict
-from accellib.launch import LaunchError, launch_processes, make_accelerator
-from accellib.model import Transformer
-from accellib.records import TIMING_FIELDS, read_metrics
-from accellib.run_dir import checkpoint_layout
-from accellib.trainer import Trainer, TrainingError
+from accellib.core.launch import LaunchError, launch_processes, make_accelerator
+from accellib.models.transformer import Transformer
+from accellib.core.records import TIMING_FIELDS, read_metrics
+from accellib.core.run_dir import checkpoint_layout
+from accellib.core.trainer import Trainer, TrainingError
 from conftest import image_overrides, tiny_overrides, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ BASE = {"train.batch_size": 4, "train.checkpoint_every": 2, "train.steps": STEPS
 
 
 def _train(data_dir, out, extra, env, crash_after=None, resume=False):
-    """One process of a 2-process run (accellib.launch.launch_processes): the launch's environment, then the CLI's
+    """One process of a 2-process run (accellib.core.launch.launch_processes): the launch's environment, then the CLI's
     training_function (tests/conftest.py's train_run)."""
     os.environ.update(env)
     train_run(data_dir, out, extra, crash_after=crash_after, resume=resume)
@@ -119,7 +120,7 @@ def test_pld_random_ltd_and_standardization_loss_under_fsdp_match_ddp_and_export
 def test_the_shipped_cpu_config_runs_sbld_and_a_crash_resumes_exactly(tiny_data_dir, tmp_path):
     """The straight run is the README's launch line with configs/accelerate/fsdp_2proc_cpu.yaml; the crashed run
     (after step 3, checkpoint at step 2) and its resume use FSDP_ENV: all three must give the same numbers."""
-    from accellib.launch import _free_port
+    from accellib.core.launch import _free_port
     argv = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
             str(ROOT / "configs/accelerate/fsdp_2proc_cpu.yaml"), "--main_process_port", str(_free_port()),
             "-m", "accellib.train", "--out", str(tmp_path / "full")]
@@ -224,7 +225,7 @@ def test_the_shipped_fsdp_configs_give_a_launch_accellib_accepts(name, processes
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
 
-    from accellib.launch import fsdp_plugin
+    from accellib.core.launch import fsdp_plugin
     args = launch_command_parser().parse_args(["--config_file", str(ROOT / f"configs/accelerate/{name}.yaml"), "x.py"])
     args = _validate_launch_command(args)[0]
     env = prepare_multi_gpu_env(args)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from accellib.config import load_config
-from accellib.hardware import table_peak
-from accellib.launch import LaunchError, check_dynamo, make_accelerator
+from accellib.core.config import load_config
+from accellib.core.hardware import table_peak
+from accellib.core.launch import LaunchError, check_dynamo, make_accelerator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,4 +1,4 @@
-"""The head and the loss compiled as one region (accellib.model.head_loss, train.compile=blocks): the value
+"""The head and the loss compiled as one region (accellib.models.transformer.head_loss, train.compile=blocks): the value
 and gradients of an fp32 reference, and with compile off the very numbers (bitwise) every cached CPU result
 was made with."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accellib.model import ModelConfig, Transformer, compiled_head_loss, head_loss
-from accellib.trainer import Trainer, compile_blocks
+from accellib.models.transformer import ModelConfig, Transformer, compiled_head_loss, head_loss
+from accellib.core.trainer import Trainer, compile_blocks
 
 
 def model_and_batch(vocab=300, seed=0, kind="gpt"):
@@ -58,7 +58,7 @@ def test_compile_blocks_compiles_the_head_with_the_loss_and_keeps_fp32_numbers()
 
 def test_the_trainer_with_compile_off_never_enters_the_compiled_head(tiny_cfg, monkeypatch):
     called = []
-    monkeypatch.setattr("accellib.model.compiled_head_loss", lambda backend: called.append(backend))
+    monkeypatch.setattr("accellib.models.transformer.compiled_head_loss", lambda backend: called.append(backend))
     tr = Trainer(tiny_cfg(**{"train.steps": 2}))
     tr.train_step()
     assert called == [] and tr.raw_model.head_loss_backend == ""
@@ -106,8 +106,8 @@ def test_inductor_bf16_head_loss_matches_an_fp32_reference(kind):
     for got, want in zip(g, ref_grads):
         assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
 
-    # the eager chunked path (accellib/losses.py via lm_loss) on the same bf16 autocast: no closer
-    from accellib.model import lm_loss
+    # the eager chunked path (accellib/models/losses.py via lm_loss) on the same bf16 autocast: no closer
+    from accellib.models.transformer import lm_loss
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = lm_loss(lm_head(ln_f(x)), y)
     assert abs(loss.item() - ref_loss.item()) <= 2 * abs(eager.item() - ref_loss.item()) + 1e-3 * ref_loss.item()

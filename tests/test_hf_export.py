@@ -4,10 +4,12 @@ import json
 import pytest
 import torch
 
-from accellib.config import ConfigError, load_config
-from accellib.export import ExportError, export_run, main as export_main
-from accellib.model import Transformer
-from accellib.tasks import make_task
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.models.hf_gpt2 import ExportError
+from accellib.export import export_run, main as export_main
+from accellib.models.transformer import Transformer
+from accellib.core.tasks import make_task
 from accellib.train import main as train_main, training_function
 from conftest import tiny_overrides
 
@@ -149,7 +151,7 @@ def test_import_then_export_round_trips_and_any_technique_trains_on(tiny_data_di
     stored = load_config(tmp_path / "pld" / "config.yaml")
     assert stored.model.n_layer == 3 and stored.model.init_from.startswith("hf:")
     assert train_main(["--resume", str(tmp_path / "pld"), "--train.steps=8"]) == 0   # the checkpoint wins
-    from accellib.records import read_metrics
+    from accellib.core.records import read_metrics
     assert read_metrics(tmp_path / "pld")[-1]["step"] == 8
 
 
@@ -187,7 +189,7 @@ def test_a_vcycle_starts_from_the_imported_model(tiny_data_dir, tmp_path):
     # the V-cycle's first stage trains the full model: it is the one that starts from GPT-2 (the later
     # stages start from the mapped weights of the stage before); lr 0 keeps stage 0's result at GPT-2's weights
     from test_multilevel import vcycle_overrides
-    from accellib.export import from_gpt2_state
+    from accellib.models.hf_gpt2 import from_gpt2_state
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=257, n_positions=48, n_embd=32, n_layer=4, n_head=4,
                                   activation_function="gelu_new", tie_word_embeddings=False)

@@ -1,4 +1,4 @@
-"""Image-classification folders (accellib/image_data.py) and the scripts that write them
+"""Image-classification folders (accellib/data/images.py) and the scripts that write them
 (data_scripts/prepare_digits.py, data_scripts/prepare_hf_images.py): round trip, sampling,
 normalization, one-line errors naming the fix, kill -9 safety, and the offline parquet path."""
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from accellib import REPO_ROOT
-from accellib.data import DataError
-from accellib.image_data import (ImageData, image_batch, image_hint, is_image_data, load_image_data, normalize,
+from accellib.data.tokens import DataError
+from accellib.data.images import (ImageData, image_batch, image_hint, is_image_data, load_image_data, normalize,
                                  split_tensors, write_image_folder)
-from data_scripts import atomic_folder as af
+from accellib.data import atomic_folder as af
 from data_scripts import prepare_digits, prepare_hf_images
 
 DIGITS = "python data_scripts/prepare_digits.py"
@@ -197,7 +197,7 @@ def test_kill_9_mid_write_keeps_the_old_folder(tmp_path, exchange, point):
     script = (f"import os, signal, sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
               "import numpy as np\n"
               "from data_scripts import atomic_folder as af\n"
-              "from accellib.image_data import write_image_folder\n"
+              "from accellib.data.images import write_image_folder\n"
               + ("" if exchange else "af._exchange = lambda a, b: False\n")
               + f"af.crash_point = lambda p: os.kill(os.getpid(), signal.SIGKILL) if p == {point!r} else None\n"
               f"a = np.load({str(tmp_path / 'new.npz')!r})\n"

@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.config import ConfigError, load_config
-from accellib.data import DataError
-from accellib.model import ModelConfig, Plan, PreAct, Transformer
-from accellib.standardization import standardization_loss
-from accellib.tasks import make_task
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.data.tokens import DataError
+from accellib.models.transformer import ModelConfig, Plan, PreAct, Transformer
+from accellib.models.standardization import standardization_loss
+from accellib.core.tasks import make_task
 from accellib.techniques import REGISTRY
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, image_overrides, tiny_overrides
-from accellib.records import TIMING_FIELDS
+from accellib.core.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SL = {"standardization_loss.enabled": "true"}
@@ -113,7 +114,7 @@ def _dump(data_dir, out_dir, extra):
 
 @pytest.mark.timeout(180)
 def test_two_processes_equal_one_process_with_grad_accum_2(digits_dir, tmp_path):
-    from accellib.launch import launch_processes
+    from accellib.core.launch import launch_processes
     kw = dict(SL, **{"train.batch_size": 8})                  # SL's moments are per process = per micro-batch
     launch_processes(_dump, (digits_dir, tmp_path, kw), 2, timeout_s=150)
     r0, r1 = (json.loads((tmp_path / f"rank{r}_of2.json").read_text()) for r in (0, 1))
@@ -126,7 +127,7 @@ def test_two_processes_equal_one_process_with_grad_accum_2(digits_dir, tmp_path)
 
 
 def test_vit_flops_follow_the_plan(digits_dir):
-    from accellib.vision import forward_flops
+    from accellib.models.vision import forward_flops
     cfg = image_cfg(digits_dir, **{"model.kind": "vit", "model.patch": 2, "model.n_layer": 3,
                                    "model.d_model": 32, "model.n_head": 2})
     task = make_task(cfg)
@@ -221,7 +222,7 @@ def test_train_and_compare_on_the_digits_configs(digits_dir, tmp_path):
 def test_multilevel_operators_map_a_vit(digits_dir):
     """Width de-coalescing preserves a ViT's function (as a GPT's), and coalescing undoes it exactly."""
     from accellib.techniques import multilevel as ml
-    from accellib.vision import ViT
+    from accellib.models.vision import ViT
     large = ModelConfig(kind="vit", n_layer=4, n_head=4, d_model=32, patch=2, seq_len=17)
     width = ml.LevelMap(depth=False)
     small_cfg = ml.coalesced_config(large, width=True, depth=False)
@@ -241,7 +242,7 @@ def test_multilevel_operators_map_a_vit(digits_dir):
 
 @pytest.mark.timeout(300)
 def test_vcycle_trains_a_vit(digits_dir, tmp_path):
-    from accellib.techniques.vcycle import plan_stages, stage_flops
+    from accellib.drivers.vcycle import plan_stages, stage_flops
     from accellib.train import training_function
     cfg = image_cfg(digits_dir, **dict(VIT, **{"model.n_head": 4, "optim.name": "adamw",
                                                "train.steps": 8, "train.eval_every": 4, "multilevel.enabled": "true",
@@ -254,7 +255,7 @@ def test_vcycle_trains_a_vit(digits_dir, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_kill9_mid_run_then_resume_matches_the_uninterrupted_run(digits_dir, tmp_path):
-    from accellib.records import read_metrics
+    from accellib.core.records import read_metrics
     from accellib.train import main
     from conftest import kill9_after
     kw = dict(SL, **{"train.steps": 400, "train.checkpoint_every": 10, "train.eval_every": 100})

@@ -8,18 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from accellib.launch import launch_processes
+from accellib.core.launch import launch_processes
 
-from accellib.config import ConfigError, load_config
-from accellib.model import Plan, Transformer, run_block
-from accellib.records import read_metrics
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.models.transformer import Plan, Transformer, run_block
+from accellib.core.records import read_metrics
 from accellib.techniques import REGISTRY
 from accellib.techniques._layer_drop_common import (apply_gates, depth_keep_probs, draw_gates,
                                                     expected_executed, pld_theta)
 from accellib.techniques.base import Technique, check_composition
 from accellib.techniques.sensitivity_layer_drop import block_list, fit_pwegd, keep_prob_list, pwegd
 from accellib.train import training_function
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, tiny_overrides
 
 PLD = {"pld.enabled": "true", "pld.gamma": 0.5, "pld.theta_bar": 0.5}

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from accellib.launch import launch_processes
+from accellib.core.launch import launch_processes
 
-from accellib.config import load_config
-from accellib.model import BlockPlan, Plan, Transformer
+from accellib.core.config import load_config
+from accellib.models.transformer import BlockPlan, Plan, Transformer
 from accellib.parallel.layered_accumulation import segment_names
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import tiny_overrides
 
 
@@ -87,7 +87,7 @@ def test_trace_order_one_process(tiny_data_dir):
 
 
 def test_config_rejects_bad_order(tiny_data_dir):
-    from accellib.config import ConfigError
+    from accellib.core.options import ConfigError
     with pytest.raises(ConfigError, match="order"):
         load_config(None, tiny_overrides(tiny_data_dir, **{"layered_accumulation.order": "sideways"}))
 

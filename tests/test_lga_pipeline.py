@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.config import load_config
-from accellib.launch import launch_processes
+from accellib.core.config import load_config
+from accellib.core.launch import launch_processes
 from accellib.parallel.pipeline import PipelineError, check_config
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

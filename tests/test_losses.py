@@ -1,10 +1,10 @@
-"""The chunked cross-entropy (accellib/losses.py): F.cross_entropy's value and gradient, in fp32 and
+"""The chunked cross-entropy (accellib/models/losses.py): F.cross_entropy's value and gradient, in fp32 and
 from bf16 logits, without keeping an fp32 copy of the logits for the backward pass."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from accellib.losses import cross_entropy
+from accellib.models.losses import cross_entropy
 
 
 def case(n=37, v=11, dtype=torch.float32, ignore_every=3, seed=0, scale=3.0):

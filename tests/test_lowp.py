@@ -9,13 +9,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from accellib.config import ConfigError, load_config
-from accellib.launch import launch_processes
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.core.launch import launch_processes
 from accellib.numerics.accumulate import matmul
 from accellib.numerics.formats import E5M2, E6M9, quantize
 from accellib.numerics.linear import EmulatedLinear, LowpGemms, convert, emulated_linear
-from accellib.records import read_metrics
-from accellib.trainer import Trainer
+from accellib.core.records import read_metrics
+from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, tiny_overrides, train_run
 
 LOWP = {"lowp.enabled": True, "lowp.chunk": 8}

@@ -1,7 +1,7 @@
 """Exact properties of the model and its plan interface."""
 import torch
 
-from accellib.model import BlockPlan, ModelConfig, Plan, Transformer
+from accellib.models.transformer import BlockPlan, ModelConfig, Plan, Transformer
 
 
 def make(kind="gpt", **kw):
@@ -91,7 +91,7 @@ def test_loss_ignores_minus_100():
 
 # ----------------------------------------------------------------------------- MLM: the head on masked positions only
 def mlm_batch(b=4, t=16, v=50, k=3, seed=1):
-    from accellib.data import mask_tokens
+    from accellib.data.tokens import mask_tokens
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, v - 1, (b, t), generator=g)
     x, y = mask_tokens(x, v - 1, v, g, prob=k / t)
@@ -116,7 +116,7 @@ def plans(cfg):
 
 
 def test_mlm_head_on_masked_positions_only_gives_the_same_loss_and_gradients():
-    from accellib.model import labelled_positions
+    from accellib.models.transformer import labelled_positions
     for tie in (True, False):
         m, cfg = make("mlm", tie_head=tie)
         m.train()
@@ -135,7 +135,7 @@ def test_mlm_head_on_masked_positions_only_gives_the_same_loss_and_gradients():
 
 
 def test_labelled_positions_hold_every_label():
-    from accellib.model import labelled_positions
+    from accellib.models.transformer import labelled_positions
     y = torch.full((3, 10), -100)
     y[0, [1, 4, 9]] = 7          # exactly k = 3 labels
     y[1, [0]] = 5                # fewer: filled up with unlabelled positions
@@ -146,8 +146,8 @@ def test_labelled_positions_hold_every_label():
 
 def test_mask_tokens_never_labels_more_than_the_heads_k():
     # labelled_positions' precondition: the task's k is exactly the number of labels mask_tokens makes
-    from accellib.data import mask_tokens
-    from accellib.tasks import mlm_labels_per_row
+    from accellib.data.tokens import mask_tokens
+    from accellib.core.tasks import mlm_labels_per_row
     for t in (1, 2, 7, 16, 33, 128, 512):
         for prob in (0.01, 0.15, 0.2, 0.5, 1.0):
             _, y = mask_tokens(torch.zeros(3, t, dtype=torch.long), 1, 5, torch.Generator().manual_seed(t), prob)
@@ -155,7 +155,7 @@ def test_mask_tokens_never_labels_more_than_the_heads_k():
 
 
 def test_mlm_task_scores_masked_positions_only(tiny_cfg):
-    from accellib.tasks import make_task
+    from accellib.core.tasks import make_task
     cfg = tiny_cfg(**{"model.kind": "mlm"})
     task = make_task(cfg)
     task.configure()
@@ -195,8 +195,8 @@ def gpt2_like_folder(out, n_tokens=6000, seed=0):
 
 
 def test_gpt2_data_pads_the_vocabulary_and_byte_data_keeps_its_size(tiny_data_dir, tmp_path, monkeypatch):
-    from accellib import tasks
-    from accellib.config import load_config
+    from accellib.core import tasks
+    from accellib.core.config import load_config
     from conftest import tiny_overrides
     gpt2 = gpt2_like_folder(tmp_path / "gpt2")
     drawn = []
@@ -221,7 +221,7 @@ def test_gpt2_data_pads_the_vocabulary_and_byte_data_keeps_its_size(tiny_data_di
 def test_an_mlm_training_step_reads_nothing_back_from_the_device(tiny_cfg, monkeypatch):
     # the masked positions are found on the device (topk), not by boolean indexing or nonzero
     from test_efficiency import _counted_steps, host_reads
-    from accellib.trainer import Trainer
+    from accellib.core.trainer import Trainer
     reads = host_reads.__wrapped__(monkeypatch)
     tr = Trainer(tiny_cfg(**{"model.kind": "mlm", "train.steps": 4}))
     assert _counted_steps(tr, reads, 4) == []

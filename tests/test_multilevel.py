@@ -5,16 +5,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from accellib.launch import launch_processes
+from accellib.core.launch import launch_processes
 
-from accellib.config import ConfigError, load_config
-from accellib.model import ModelConfig, Transformer
-from accellib.records import read_metrics
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.models.transformer import ModelConfig, Transformer
+from accellib.core.records import read_metrics
 from accellib.techniques import multilevel as ml
-from accellib.techniques.vcycle import baseline_flops, plan_stages, run_vcycle, stage_flops
-from accellib.trainer import Trainer
+from accellib.drivers.vcycle import baseline_flops, plan_stages, run_vcycle, stage_flops
+from accellib.core.trainer import Trainer
 from conftest import tiny_overrides
-from accellib.records import TIMING_FIELDS
+from accellib.core.records import TIMING_FIELDS
 
 CFG = ModelConfig(vocab_size=40, seq_len=12, n_layer=4, n_head=4, d_model=32, tie_head=False)
 
@@ -287,7 +288,7 @@ def test_resume_across_stage_boundary_is_exact(tiny_data_dir, tmp_path, monkeypa
 
 def _vcycle_and_dump(data_dir, out_dir, extra):
     from accelerate.state import AcceleratorState
-    from accellib.launch import process_state
+    from accellib.core.launch import process_state
     cfg = load_config(None, vcycle_overrides(data_dir, **extra))
     ps = process_state()               # cpu=True as make_accelerator does, so gloo is picked up
     world = ps.num_processes
@@ -313,7 +314,7 @@ def test_two_process_vcycle_matches_one_process(tiny_data_dir, tmp_path):
 
 
 def test_train_cli_runs_and_resumes_the_vcycle(tiny_data_dir, tmp_path):
-    from accellib.records import read_record
+    from accellib.core.records import read_record
     from accellib.train import main
     out = tmp_path / "cli"
     assert main(["--out", str(out)] + vcycle_overrides(tiny_data_dir)) == 0

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from accellib.config import load_config
-from accellib.launch import LaunchError, launch_processes
+from accellib.core.config import load_config
+from accellib.core.launch import LaunchError, launch_processes
 from conftest import tiny_overrides
 
 

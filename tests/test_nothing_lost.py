@@ -12,13 +12,13 @@ import yaml
 
 from accellib.compare import main as compare_main
 from accellib.compare import run_arms
-from accellib.config import load_config
-from accellib.launch import launch_processes
-from accellib.records import read_metrics
+from accellib.core.config import load_config
+from accellib.core.launch import launch_processes
+from accellib.core.records import read_metrics
 from accellib.train import main, training_function
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, kill9_after, tiny_overrides
-from accellib.records import TIMING_FIELDS
+from accellib.core.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def test_resume_overrides_reach_the_optimizer(tiny_cfg, tmp_path):
 
 
 def test_nan_validation_loss_is_not_logged(tiny_cfg, tmp_path, monkeypatch):
-    from accellib.trainer import TrainingError
+    from accellib.core.trainer import TrainingError
     monkeypatch.setattr(torch.nn.functional, "cross_entropy",
                         lambda *a, **k: torch.full(a[1].shape, float("nan")))
     with pytest.raises(TrainingError, match="validation loss is nan"):
@@ -152,8 +152,8 @@ def test_vcycle_resume_with_more_steps_is_refused(tiny_data_dir, tmp_path, capsy
 
 
 def _racing_vcycle_start(data_dir, out_dir):
-    import accellib.techniques.vcycle as V
-    from accellib.launch import process_state
+    import accellib.drivers.vcycle as V
+    from accellib.core.launch import process_state
     ps, orig = process_state(), V.plan_stages
 
     def late_plan(cfg):  # rank 1 arrives after rank 0 has written vcycle.json (or 5 s have passed)
@@ -210,12 +210,12 @@ def test_overwrite_with_a_config_the_trainer_refuses_keeps_the_run(tiny_data_dir
 
 def test_a_second_command_on_a_running_folder_is_refused(tiny_cfg, tmp_path, capsys):
     # before: two `--resume` of one run both trained and interleaved their lines in metrics.jsonl
-    from accellib.run_dir import LOCK
+    from accellib.core.run_dir import LOCK
     run = tmp_path / "run"
     training_function(tiny_cfg(**{"train.steps": 2}), run)
     metrics = (run / "metrics.jsonl").read_text()
     # a live process holds the folder (takes it as accellib.train does, then keeps running)
-    code = (f"import time; from pathlib import Path; from accellib.run_dir import lock_run; "
+    code = (f"import time; from pathlib import Path; from accellib.core.run_dir import lock_run; "
             f"assert lock_run(Path({str(run)!r})) is None; print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                               stdout=subprocess.PIPE, text=True)
@@ -234,7 +234,7 @@ def test_a_second_command_on_a_running_folder_is_refused(tiny_cfg, tmp_path, cap
 
 
 def test_two_real_resumes_cannot_interleave(tiny_data_dir, tmp_path):
-    from accellib.run_dir import LOCK
+    from accellib.core.run_dir import LOCK
     run = tmp_path / "run"
     argv = ["--out", str(run)] + tiny_overrides(tiny_data_dir, **{"train.steps": 2, "train.eval_every": 0})
     assert main(argv) == 0
@@ -258,12 +258,12 @@ def test_two_real_resumes_cannot_interleave(tiny_data_dir, tmp_path):
 def test_the_folder_lock_is_the_os_lock_not_the_file(tmp_path):
     # before: a lock file still empty (its taker between create and write) or naming a dead pid was
     # "stale" and taken over, so two live processes could both hold a folder; now only the OS lock counts
-    from accellib.run_dir import LOCK, lock_run, unlock_run
+    from accellib.core.run_dir import LOCK, lock_run, unlock_run
     run = tmp_path / "run"
     run.mkdir()
     (run / LOCK).write_text("")               # left over, held by nobody: taken
     assert lock_run(run) is None
-    code = f"from pathlib import Path; from accellib.run_dir import lock_run; print(lock_run(Path({str(run)!r})))"
+    code = f"from pathlib import Path; from accellib.core.run_dir import lock_run; print(lock_run(Path({str(run)!r})))"
     other = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                            capture_output=True, text=True, timeout=60)
     assert f"another process (pid {os.getpid()}) is writing to {run}" in other.stdout, other.stdout + other.stderr
@@ -322,7 +322,7 @@ def test_compare_into_a_training_runs_folder_is_refused(tiny_data_dir, tmp_path,
     # issue 26 item 5: before, compare wrote baseline/, budget.json and summary.json among a live run's files
     cfg, run = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "run"
     hold = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                             "from accellib.run_dir import lock_run; assert lock_run(Path(sys.argv[1])) is None; "
+                             "from accellib.core.run_dir import lock_run; assert lock_run(Path(sys.argv[1])) is None; "
                              "print('held', flush=True); time.sleep(60)", str(run)], stdout=subprocess.PIPE, text=True)
     try:
         assert hold.stdout.readline().strip() == "held"             # a training has taken the folder

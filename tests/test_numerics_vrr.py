@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accellib.model import ModelConfig
+from accellib.models.transformer import ModelConfig
 from accellib.numerics.vrr import (gemm_lengths, min_mantissa, predict_table, vrr_approx,
                                    vrr_monte_carlo)
 

@@ -126,7 +126,8 @@ def test_console_shows_progress_without_the_bar(tiny_cfg, tmp_path, capsys):
 
 def _another_value(section: str, f, value, path):
     """A value of field `f` other than `value` that the config accepts on its own (None if none is found)."""
-    from accellib.config import ConfigError, _meta, load_config
+    from accellib.core.options import ConfigError
+    from accellib.core.config import _meta, load_config
     meta = _meta(section, f)
     if meta.get("choices"):
         cands = [c for c in meta["choices"] if c != value and [c] != value]
@@ -158,7 +159,8 @@ def test_a_resume_may_change_only_the_options_marked_so(tiny_data_dir, tmp_path)
     # optimizer's name and the techniques' switches
     import dataclasses
     import yaml
-    from accellib.config import ConfigError, default_config, load_config
+    from accellib.core.options import ConfigError
+    from accellib.core.config import default_config, load_config
     from accellib.train import resume_config
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(load_config(None, tiny_overrides(tiny_data_dir)).to_dict()))
     may, refused, untried = [], [], []

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.config import ConfigError, load_config
-from accellib.launch import launch_processes
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.core.launch import launch_processes
 from accellib.parallel.ouroboros import default_split, delays, placement
-from accellib.records import read_metrics
-from accellib.trainer import Trainer
+from accellib.core.records import read_metrics
+from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, kill9_after, tiny_overrides, train_run as _train
-from accellib.records import TIMING_FIELDS
+from accellib.core.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 STRIP = TIMING_FIELDS

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.config import ConfigError, load_config
-from accellib.launch import launch_processes
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.core.launch import launch_processes
 from accellib.parallel.pipeline import PipelineError, check_config, placement, split_layers
-from accellib.records import read_metrics
-from accellib.trainer import Trainer
+from accellib.core.records import read_metrics
+from accellib.core.trainer import Trainer
 from conftest import tiny_overrides, train_run as _train
-from accellib.records import TIMING_FIELDS
+from accellib.core.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2}
@@ -72,7 +73,7 @@ def test_pipelined_run_resumes_exactly(tiny_data_dir, tmp_path):
 @pytest.mark.timeout(300)
 def test_torchrun_trainer_command_and_compare_arms(tiny_data_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    from accellib.launch import _free_port  # torchrun's default port 29500 is shared by every concurrent test
+    from accellib.core.launch import _free_port  # torchrun's default port 29500 is shared by every concurrent test
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}"]
     res = subprocess.run(torchrun + ["-m", "accellib.train", "--out", str(tmp_path / "run"), *tiny_overrides(
         tiny_data_dir, **{"train.steps": 3}), "--pipeline.schedule=looped_bfs"], env=env, cwd=tmp_path,
@@ -83,7 +84,7 @@ def test_torchrun_trainer_command_and_compare_arms(tiny_data_dir, tmp_path):
     # compare: the data-parallel baseline beside a pipeline and an Ouroboros arm, on the same 2 processes
     # and the same 8 sequences per step
     import yaml
-    from accellib.config import parse_overrides
+    from accellib.core.config import parse_overrides
     base = parse_overrides(tiny_overrides(tiny_data_dir, **{"train.steps": 3}))
     base["arms"] = dict(baseline=dict(train=dict(batch_size=4)), pipeline=dict(pipeline=dict(schedule="looped_bfs")),
                         ouroboros=dict(ouroboros=dict(enabled=True, modules=3)))

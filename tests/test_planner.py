@@ -1,7 +1,7 @@
 """Planner closed forms, checked against the discrete-event simulator and for monotonicity."""
 import pytest
 
-from accellib import planner as P
+from accellib.analysis import planner as P
 from accellib.parallel.simulate import bubble_fraction, device_orders, simulate
 
 

@@ -1,5 +1,5 @@
 """One visual language (issue 28): one colour per arm and per named series across the course, none shared, and
-notebooks draw named series only through the registry (accellib.plotting.ARM_COLORS via arm_color)."""
+notebooks draw named series only through the registry (accellib.analysis.plotting.ARM_COLORS via arm_color)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.colors as mcolors
 import yaml
 
-from accellib.plotting import ARM_COLORS, _SPARE, arm_color, arm_family
+from accellib.analysis.plotting import ARM_COLORS, _SPARE, arm_color, arm_family
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_no_two_registered_names_share_a_colour():
 
 def test_every_arm_of_the_course_is_registered():
     missing = sorted(a for a in course_arms() if arm_family(a) not in ARM_COLORS)
-    assert not missing, f"arms with no colour in accellib.plotting.ARM_COLORS: {missing}"
+    assert not missing, f"arms with no colour in accellib.analysis.plotting.ARM_COLORS: {missing}"
 
 
 def test_variants_and_seeds_take_their_arms_colour():
@@ -66,4 +66,4 @@ def test_notebooks_colour_named_series_through_the_registry():
                 for line in "".join(c["source"]).splitlines():
                     if HAND_COLOUR.search(line.split("#  ")[0]):
                         offenders.append(f"{nb.name} cell {i}: {line.strip()[:100]}")
-    assert not offenders, "colours set by hand (use accellib.plotting.arm_color):\n" + "\n".join(offenders)
+    assert not offenders, "colours set by hand (use accellib.analysis.plotting.arm_color):\n" + "\n".join(offenders)

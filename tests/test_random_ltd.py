@@ -5,20 +5,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from accellib.launch import launch_processes
+from accellib.core.launch import launch_processes
 
-from accellib import flops as F
-from accellib.config import ConfigError, load_config
-from accellib.data import generator_for, seed_for
-from accellib.model import BlockPlan, ModelConfig, Plan, Transformer, run_block
-from accellib.records import read_metrics
-from accellib.schedules import WarmupCosine
+from accellib.analysis import flops as F
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.data.tokens import generator_for, seed_for
+from accellib.models.transformer import BlockPlan, ModelConfig, Plan, Transformer, run_block
+from accellib.core.records import read_metrics
+from accellib.core.schedules import WarmupCosine
 from accellib.techniques import REGISTRY
 from accellib.techniques.base import Technique, check_composition
 from accellib.techniques.random_ltd import (LayerTokenLR, RandomLTD, ReservedLength, keep_indices,
                                             kept_key_mask)
 from accellib.train import training_function
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, tiny_overrides
 
 LTD = {"random_ltd.enabled": True}

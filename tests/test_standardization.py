@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from accellib.standardization import channel_moments, kl_to_standard, standardization_loss
+from accellib.models.standardization import channel_moments, kl_to_standard, standardization_loss
 
 
 def test_closed_form_equals_summed_kl_divergence():

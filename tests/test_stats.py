@@ -1,11 +1,11 @@
-"""The one statistics rule (accellib.stats): paired gaps by seed, mean +- SE, a t-interval with n-1
+"""The one statistics rule (accellib.analysis.stats): paired gaps by seed, mean +- SE, a t-interval with n-1
 degrees of freedom, and the verdict words, on cases whose answers are known exactly."""
 import math
 import statistics
 
 import pytest
 
-from accellib.stats import from_gaps, mean_se, paired, t_quantile
+from accellib.analysis.stats import from_gaps, mean_se, paired, t_quantile
 
 
 @pytest.mark.parametrize("df,t", [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451), (9, 2.2621572),

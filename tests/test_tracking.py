@@ -5,10 +5,10 @@ import time
 import pytest
 import yaml
 
-from accellib.launch import launch_processes
-from accellib.records import read_metrics
+from accellib.core.launch import launch_processes
+from accellib.core.records import read_metrics
 from accellib.train import main, training_function
-from accellib.trainer import Trainer
+from accellib.core.trainer import Trainer
 from conftest import tiny_overrides, train_run
 
 
@@ -81,7 +81,7 @@ def test_bad_or_missing_tracker_is_one_line(tiny_data_dir, tmp_path, capsys, mon
     base = ["--out", str(tmp_path / "r"), *tiny_overrides(tiny_data_dir)]
     err = one_line_error(capsys, base + ["--log.trackers=tensorboard,nope"])
     assert "log.trackers='nope' is not allowed" in err and "wandb" in err
-    monkeypatch.setattr("accellib.launch.tracker_available", lambda name: name != "wandb")
+    monkeypatch.setattr("accellib.core.launch.tracker_available", lambda name: name != "wandb")
     err = one_line_error(capsys, base + ["--log.trackers=tensorboard,wandb"])
     assert "log.trackers=wandb needs the wandb package: pip install wandb" in err
     err = one_line_error(capsys, base + ["--log.trackers=tensorboard", "--multilevel.enabled=true",

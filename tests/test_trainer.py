@@ -1,11 +1,11 @@
 """The training loop: it learns, resumes exactly, and fails loudly without losing anything."""
 import pytest
 
-from accellib.data import DataError
-from accellib.records import read_metrics, read_record
-from accellib.schedules import WarmupCosine
+from accellib.data.tokens import DataError
+from accellib.core.records import read_metrics, read_record
+from accellib.core.schedules import WarmupCosine
 from accellib.train import main, training_function
-from accellib.trainer import Trainer, TrainingError
+from accellib.core.trainer import Trainer, TrainingError
 from conftest import crash_and_resume, tiny_overrides
 
 
@@ -89,7 +89,7 @@ def test_corrupted_token_file_is_reported(tiny_data_dir, tmp_path):
 
 
 def load_config_for(d):
-    from accellib.config import load_config
+    from accellib.core.config import load_config
     return load_config(None, tiny_overrides(d))
 
 

@@ -1,10 +1,10 @@
-"""accellib/trend.py: the scale-trend analysis of notebook 09 (paired gaps, log-linear fit, zero crossing)."""
+"""accellib/analysis/trend.py: the scale-trend analysis of notebook 09 (paired gaps, log-linear fit, zero crossing)."""
 import math
 
 import pytest
 
-from accellib.model import ModelConfig, Transformer
-from accellib.trend import fit_log_trend, non_embedding_params, paired_gaps, trend_table
+from accellib.models.transformer import ModelConfig, Transformer
+from accellib.analysis.trend import fit_log_trend, non_embedding_params, paired_gaps, trend_table
 
 
 def fake_result(gap_of, sizes=((4, 64), (6, 128), (12, 192)), base=(2.0, 2.1, 2.2)):
@@ -62,7 +62,7 @@ def test_crossover_is_placed_relative_to_the_measured_sizes():
 
 
 def test_every_gap_and_the_slope_use_the_one_rule():
-    from accellib.stats import from_gaps, t_quantile
+    from accellib.analysis.stats import from_gaps, t_quantile
     res = fake_result(lambda n, i: 0.3 - 0.05 * math.log10(n) + (-0.01, 0.0, 0.01)[i])
     rows = paired_gaps(res)["pld"]
     for r in rows:

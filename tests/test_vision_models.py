@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accellib.model import ModelConfig, Plan
-from accellib.vision import NORMS, ConvNet, MLPNet, PreAct, ViT, forward_flops
+from accellib.models.transformer import ModelConfig, Plan
+from accellib.models.vision import NORMS, ConvNet, MLPNet, PreAct, ViT, forward_flops
 
 
 @pytest.mark.parametrize("norm", NORMS)

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from accellib.config import ConfigError, load_config
-from accellib.launch import launch_processes
+from accellib.core.options import ConfigError
+from accellib.core.config import load_config
+from accellib.core.launch import launch_processes
 from accellib.parallel.zero_layered import closed_form_volume, layer_params
-from accellib.records import TIMING_FIELDS, read_metrics
-from accellib.trainer import Trainer
+from accellib.core.records import TIMING_FIELDS, read_metrics
+from accellib.core.trainer import Trainer
 from conftest import tiny_overrides
 
 M = 3   # micro-batches per step
