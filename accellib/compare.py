@@ -1,4 +1,6 @@
-"""The main job: several arms (baseline and techniques) trained side by side on the same data,
+"""Command line: several arms trained side by side on the same data, seed and budget; one table, one figure.
+
+The main job: several arms (baseline and techniques) trained side by side on the same data,
 seed and budget, then one summary table and one figure.
 
     python -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart

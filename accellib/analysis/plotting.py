@@ -1,4 +1,6 @@
-"""One figure style for every notebook and run: small PNGs, colour-blind-safe colours, one colour per
+"""One figure style for every notebook and run.
+
+One figure style for every notebook and run: small PNGs, colour-blind-safe colours, one colour per
 arm in every figure, and the unigram/bigram reference losses on every language-model loss plot."""
 from __future__ import annotations
 

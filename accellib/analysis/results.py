@@ -1,4 +1,6 @@
-"""The results cache that notebooks read: results/<name>.json written by `make results`
+"""The results cache that notebooks read (results/<name>.json) and the tables drawn from it.
+
+The results cache that notebooks read: results/<name>.json written by `make results`
 (benchmarks/reproduce.py), each the summary, the budget plan and every run's curves of one
 multi-seed `accellib.compare` experiment, with its config, commit, versions and wall time.
 

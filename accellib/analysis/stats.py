@@ -1,4 +1,6 @@
-"""The course's one statistics rule: how every comparison in accellib, its notebooks, benchmarks and
+"""The one statistics rule: paired gaps by seed, a 95% t-interval, wins / loses / not resolved.
+
+The course's one statistics rule: how every comparison in accellib, its notebooks, benchmarks and
 README decides whether an arm beats another.
 
 Runs of two arms with the same seed share their data order and initialisation, so they are compared

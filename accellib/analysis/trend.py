@@ -1,4 +1,6 @@
-"""The scale trend of results/scaling_trend.json (benchmarks/scaling.py, notebook 09): each technique's loss
+"""The scale trend: each technique's paired loss gap at equal FLOPs against model size, fitted log-linear.
+
+The scale trend of results/scaling_trend.json (benchmarks/scaling.py, notebook 09): each technique's loss
 gap to the baseline of the same size at equal FLOPs, against model size, with a fitted log-linear trend.
 
     gap(arm, size, seed) = val_loss(arm, seed) - val_loss(baseline, seed)     (paired by seed: same data order)

@@ -1,5 +1,7 @@
-"""Declaring a config field (`opt`) and the one-line `ConfigError`: the leaf that config.py and every
-technique's `Config` dataclass import, so techniques never import the run configuration itself."""
+"""Declaring a config field (`opt`) and the one-line `ConfigError`.
+
+The leaf that core/config.py and every technique's `Config` dataclass import, so techniques never import the run
+configuration itself (config.py reads the technique registry)."""
 from __future__ import annotations
 
 from dataclasses import field

@@ -1,4 +1,6 @@
-"""Run records: what a run was (config, code, environment) and what it measured, as JSON.
+"""Run records as JSON: what a run was and what it measured.
+
+Run records: what a run was (config, code, environment) and what it measured, as JSON.
 Notebooks and benchmarks read them back; full-scale records are committed under results/."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""A run folder's life cycle: what accellib writes there, whether a folder holds a run, and how
+"""A run folder's life cycle: what is written there, whether it holds a run, replacing and locking it.
+
+A run folder's life cycle: what accellib writes there, whether a folder holds a run, and how
 one is replaced. Decisions about the folder are taken by the main process alone and shared with
 the others (`main_decides`), so ranks never race on the file system; and one command at a time may
 write to a folder (`lock_run`), so a second `--resume` of a running run cannot interleave its logs."""

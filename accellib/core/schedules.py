@@ -1,4 +1,6 @@
-"""Learning-rate schedules keyed by our own optimizer-step counter (never a prepared LR
+"""Learning-rate schedules keyed by our own optimizer-step counter.
+
+Learning-rate schedules keyed by our own optimizer-step counter (never a prepared LR
 scheduler: Accelerate steps those once per process and on skipped accumulation steps)."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What the one training loop trains on: a task supplies the data, the loss and its metrics, the
+"""What the one training loop trains on: language modelling or image classification.
+
+What the one training loop trains on: a task supplies the data, the loss and its metrics, the
 evaluation, and the compute accounting; the trainer (accellib/core/trainer.py) does everything else
 (micro-batches, techniques' plans, gradient accumulation, clipping, checkpoints, logs).
 

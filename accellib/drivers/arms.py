@@ -1,6 +1,6 @@
-"""The comparison's plan: which arms, each arm's config (named arms, dense-L<n> controls, the command
-line's overrides), the data checks, and every run's seed and steps under the budget; what
-`python -m accellib.compare` trains.
+"""The comparison's plan: which arms, their configs and data checks, every run's seed and steps under the budget.
+
+What `python -m accellib.compare` trains: named arms, dense-L<n> controls, the command line's overrides.
 
 The YAML holds a base config plus `arms:`, a mapping arm name -> overrides of the base. Plain arms of
 other sizes are named, not written: `dense-L3` is the base with 3 blocks, `dense-L3-d96` also 96 wide;

@@ -1,4 +1,6 @@
-"""Equal-compute budgets for `accellib.compare --budget flops|wall`: how many optimizer steps an arm
+"""Equal-compute budgets for `accellib.compare --budget flops|wall`: each arm's steps at the baseline's cost.
+
+Equal-compute budgets for `accellib.compare --budget flops|wall`: how many optimizer steps an arm
 gets so that it spends what the baseline spends, with its schedules stretched to that horizon
 (`config.with_horizon`).
 

@@ -1,4 +1,6 @@
-"""Exposed data-parallel communication, standard vs layered gradient accumulation, measured on
+"""Exposed data-parallel communication, standard vs layered accumulation, measured on 2 gloo processes.
+
+Exposed data-parallel communication, standard vs layered gradient accumulation, measured on
 2 gloo processes over an emulated slow link (Lamy-Poirier 2021, §4.1: layered accumulation
 lets each layer's reduction start as soon as its last micro-batch's backward is done, so only
 the reduction of the *first* layers stays exposed).

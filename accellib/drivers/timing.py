@@ -1,5 +1,6 @@
-"""Timing harness: train jobs through the one trainer on fresh CPU processes (gloo) and time every
-optimizer step, for the notebooks and benchmarks that time an engine's schedule."""
+"""Timing harness: train jobs through the one trainer on fresh CPU processes and time every optimizer step.
+
+For the notebooks and benchmarks that time an engine's schedule (gloo, one process per rank)."""
 from __future__ import annotations
 
 import json

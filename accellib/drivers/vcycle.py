@@ -1,4 +1,6 @@
-"""The V-cycle driver of multi-level training (Zou, Zhang & Deng, ICLR 2024, §3.4, Algorithm 1):
+"""The V-cycle driver of multi-level training: one Trainer per stage, each in its own folder.
+
+The V-cycle driver of multi-level training (Zou, Zhang & Deng, ICLR 2024, §3.4, Algorithm 1):
 a list of stages, each trained by the one `accellib.core.trainer.Trainer` in its own folder.
 
     K = 2:   stage 0  large, warm_frac * S steps, LR warm-up, no decay        (ends at peak LR)

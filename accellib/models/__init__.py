@@ -1,4 +1,4 @@
-"""The networks and their losses: the transformer, the image models, the chunked cross-entropy, the standardization loss, GPT-2 conversion.
+"""The networks and their losses: transformer, image models, chunked cross-entropy, standardization loss, GPT-2 I/O.
 
 A module here imports nothing of accellib outside models/ except the config leaf (core/options.py).
 """

@@ -1,6 +1,7 @@
-"""accellib's GPT <-> transformers' GPT-2: the config, the state dict both ways (Conv1D weights transposed,
-the vocabulary's padding rows), the activations, and starting a model from a GPT-2 checkpoint
-(`--model.init_from=hf:PATH_OR_NAME`). Writing a run's export folder is accellib/export.py."""
+"""accellib's GPT <-> transformers' GPT-2: config, state dict both ways, activations, init from a checkpoint.
+
+Conv1D weights are transposed, the vocabulary's padding rows dropped on export and kept on import; a model starts
+from a GPT-2 checkpoint with `--model.init_from=hf:PATH_OR_NAME`. Writing a run's export folder is accellib/export.py."""
 from __future__ import annotations
 
 import torch

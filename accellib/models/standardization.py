@@ -1,4 +1,6 @@
-"""The standardization loss of Collins, Ballé & Shlens, "Accelerating Training of Deep Neural Networks
+"""The standardization loss function: per-channel batch moments pulled toward N(0, 1).
+
+The standardization loss of Collins, Ballé & Shlens, "Accelerating Training of Deep Neural Networks
 with a Standardization Loss", arXiv 1903.00925 (2019), §3.
 
 For a layer's pre-activations x (before the nonlinearity) with channels i = 1..n, the per-channel batch

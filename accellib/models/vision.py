@@ -1,4 +1,6 @@
-"""Image classifiers for the vision task: the MNIST CNN and MLP of Collins, Ballé & Shlens (arXiv
+"""Image classifiers: the MNIST CNN and MLP (with a norm choice) and a small ViT of transformer Blocks.
+
+Image classifiers for the vision task: the MNIST CNN and MLP of Collins, Ballé & Shlens (arXiv
 1903.00925, appendix: 3 conv layers of 32/16/8 filters, 5x5, stride 2, ReLU; 3 x 100 ReLU), each with
 norm = none | batch | layer | group, and a small ViT built from accellib's transformer Block (so the
 block-level techniques' plans apply to it).

@@ -1,4 +1,6 @@
-"""How many accumulator mantissa bits a GEMM needs: the variance retention ratio (VRR) of Sakr et al.,
+"""How many accumulator mantissa bits a GEMM needs: the variance retention ratio (VRR).
+
+How many accumulator mantissa bits a GEMM needs: the variance retention ratio (VRR) of Sakr et al.,
 "Accumulation Bit-Width Scaling for Ultra-Low Precision Training of Deep Networks", ICLR 2019
 (arXiv 1901.06588). Only the paper's abstract was retrieved here, so section numbers are not cited.
 

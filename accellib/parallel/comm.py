@@ -1,5 +1,4 @@
-"""Gradient communication shared by the engines: ring all-reduce byte factors, a background
-communication thread, and the bucketed all-reduce of a layer's gradients."""
+"""Gradient communication shared by the engines: ring byte factors, an emulated link, a layer's all-reduce."""
 from __future__ import annotations
 
 import queue

@@ -1,4 +1,6 @@
-"""Ouroboros: model parallelism with delayed gradients (Yang, Huo, Wang, Huang, Carin, NeurIPS 2019,
+"""Ouroboros: model parallelism with delayed gradients, as an engine of the one trainer.
+
+Ouroboros: model parallelism with delayed gradients (Yang, Huo, Wang, Huang, Carin, NeurIPS 2019,
 arXiv 1909.06695), as an engine of the one trainer (accellib/parallel/engine.py).
 
 The L blocks are split into K modules G(1..K). Module 1 holds the token embedding V, module K the

@@ -1,4 +1,6 @@
-"""What Progressive Layer Dropping (PLD) and Sensitivity-Based Layer Dropping (SBLD) share:
+"""What the two layer-dropping techniques (PLD, SBLD) share: the gate, the 1/p scaling, the bookkeeping.
+
+What Progressive Layer Dropping (PLD) and Sensitivity-Based Layer Dropping (SBLD) share:
 the gate, the 1/p scaling, the DDP setting, the optional zero-fill and the bookkeeping.
 
 A subclass only says how keep probabilities p_l(t) come about (`keep_probs(step)`); this base

@@ -1,4 +1,6 @@
-"""The hook points a technique plugs into. Every hook is a no-op here; a technique overrides
+"""The Technique base class: the hook points a technique plugs into, all no-ops here.
+
+The hook points a technique plugs into. Every hook is a no-op here; a technique overrides
 the ones it needs. The trainer calls them in this order:
 
     Technique(cfg, run_cfg)                 build from its config section

@@ -1,4 +1,6 @@
-"""Low-precision training numerics: FP8 GEMM operands, chunk-based narrow accumulation, and a
+"""The `lowp` technique: FP8 GEMM operands, narrow chunk-based accumulation, a stochastically rounded update.
+
+Low-precision training numerics: FP8 GEMM operands, chunk-based narrow accumulation, and a
 stochastically rounded 16-bit weight update with no fp32 master copy. Wang et al., "Training Deep
 Neural Networks with 8-bit Floating Point Numbers", NeurIPS 2018 (arXiv 1812.08011). Only the
 abstract was retrieved: the kept first/last layers, loss scaling and chunk length 64 are as commonly

@@ -1,4 +1,6 @@
-"""Multi-level training operators: coalesce, de-coalesce, interpolate (Zou, Zhang & Deng,
+"""Multi-level training's operators (coalesce, de-coalesce, interpolate) and its config section.
+
+Multi-level training operators: coalesce, de-coalesce, interpolate (Zou, Zhang & Deng,
 "A Multi-Level Framework for Accelerating Training Transformer Models", ICLR 2024, §3).
 
 A V-cycle trains a cheap coalesced copy of the model in the middle of training:

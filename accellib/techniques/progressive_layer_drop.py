@@ -1,4 +1,6 @@
-"""Progressive Layer Dropping (PLD). Zhang & He, "Accelerating Training of Transformer-Based
+"""The `pld` technique: Progressive Layer Dropping.
+
+Progressive Layer Dropping (PLD). Zhang & He, "Accelerating Training of Transformer-Based
 Language Models with Progressive Layer Dropping", NeurIPS 2020 (arXiv 2010.13369), §4.
 
 Whole blocks are skipped at random, per micro-batch, with a keep probability that falls over

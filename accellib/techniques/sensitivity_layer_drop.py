@@ -1,4 +1,6 @@
-"""Sensitivity-Based Layer Dropping (SBLD). Zeng, He, Vasyltsov, Pang & Chen, "Acceleration of
+"""The `sbld` technique: Sensitivity-Based Layer Dropping.
+
+Sensitivity-Based Layer Dropping (SBLD). Zeng, He, Vasyltsov, Pang & Chen, "Acceleration of
 Large Transformer Model Training by Sensitivity-Based Layer Dropping", AAAI 2023
 (doi 10.1609/aaai.v37i9.26321).
 

@@ -1,4 +1,6 @@
-"""Standardization loss (Collins, Ballé & Shlens, "Accelerating Training of Deep Neural Networks with a
+"""The `standardization_loss` technique: the standardization loss added at the model's pre-activations.
+
+Standardization loss (Collins, Ballé & Shlens, "Accelerating Training of Deep Neural Networks with a
 Standardization Loss", arXiv 1903.00925, 2019, §3): instead of normalising a layer's pre-activations, a
 training-time loss pulls their per-channel batch moments toward N(0, 1):
 
