@@ -105,7 +105,7 @@ def _run_writer(tmp_path, out: Path, body: str, text: str) -> int:
     import subprocess
     script = tmp_path / "writer.py"
     script.write_text(f"import os, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                      f"from data_scripts import atomic_folder as af, tokenize_corpus as tc\n{body}\n"
+                      f"from accellib.data import atomic_folder as af; from data_scripts import tokenize_corpus as tc\n{body}\n"
                       f"tc.prepare(open({str(script) + '.txt'!r}).read(), {str(out)!r}, 'byte', force=True)\n")
     Path(str(script) + ".txt").write_text(text)
     return subprocess.run([sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
@@ -171,7 +171,7 @@ def test_racing_rebuilds_leave_a_complete_dataset(tmp_path, exchange):
     for text, name in texts.items():
         (tmp_path / f"{name}.txt").write_text(text)
         procs.append(subprocess.Popen([sys.executable, "-c",
-            f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_scripts import atomic_folder as af, tokenize_corpus as tc\n"
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); from accellib.data import atomic_folder as af; from data_scripts import tokenize_corpus as tc\n"
             f"if not {exchange}: af._exchange = lambda a, b: False\n"
             f"for _ in range(15): tc.prepare(open({str(tmp_path / name) + '.txt'!r}).read(), {str(out)!r}, force=True)"],
             env={**os.environ, "OMP_NUM_THREADS": "1"}))

@@ -196,7 +196,7 @@ def test_kill_9_mid_write_keeps_the_old_folder(tmp_path, exchange, point):
     np.savez(tmp_path / "new.npz", **{f"{k}_{i}": a for k, xy in new.items() for i, a in enumerate(xy)})
     script = (f"import os, signal, sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
               "import numpy as np\n"
-              "from data_scripts import atomic_folder as af\n"
+              "from accellib.data import atomic_folder as af\n"
               "from accellib.data.images import write_image_folder\n"
               + ("" if exchange else "af._exchange = lambda a, b: False\n")
               + f"af.crash_point = lambda p: os.kill(os.getpid(), signal.SIGKILL) if p == {point!r} else None\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -147,8 +148,12 @@ def test_wheel_imports_and_runs_outside_the_checkout(tmp_path):
     """`pip install .` (not editable): build the wheel, unpack it alone (no checkout on sys.path, cwd
     outside the repo), import every module and run every command line's --help; what needs the checkout
     says so in one line."""
+    src = tmp_path / "src"   # a copy: setuptools writes build/ and *.egg-info beside the sources
+    shutil.copytree(PKG, src / "accellib", ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, src / f)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True,
+                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True,
                            cwd=tmp_path, timeout=240)
     assert build.returncode == 0, build.stderr[-2000:]
     wheel, = (tmp_path / "dist").glob("accellib-*.whl")

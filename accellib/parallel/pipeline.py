@@ -22,7 +22,7 @@ When the data-parallel reduction starts (`pipeline.reduce`):
     the rank's earlier stages; only the reductions of the last stages to finish stay exposed. The tied
     embedding/head weight is reduced after the step (its two halves are summed first), as in after_step.
 `pipeline.emulate_mbps` puts the reductions on one serial emulated link per process
-(layered_accumulation.CommThread), so loopback gloo does not hide the difference.
+(comm.CommThread), so loopback gloo does not hide the difference.
 Each micro-batch backprops loss / m, as the trainer's standard loop does, and looped_bfs runs each
 stage's backward in micro-batch order (torch runs m-1..0): without a tied head, the gradients are
 bitwise those of the standard loop on the same micro-batches, in both reduce modes (tested).
