@@ -649,7 +649,7 @@ def test_a_folder_of_another_kind_of_data_is_never_named_in_a_fix(digits_dir, tm
     (root / "configs" / "y.yaml").write_text("data:\n  path: data/shakespeare\n")
     (root / "data").mkdir()
     (root / "data" / "digits").symlink_to(digits_dir)
-    monkeypatch.setattr(data_module, "_ROOT", root)
+    monkeypatch.setattr(data_module, "CHECKOUT", root)
     with pytest.raises(DataError, match=r"\(read by configs/x\.yaml\)") as e:
         load_token_data(root / "data" / "digits")
     assert "y.yaml" not in str(e.value)
