@@ -35,7 +35,8 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The accellib modules that `name` (at `path`) imports anywhere in its source."""
+    """The accellib modules that `name` (at `path`) imports anywhere in its source; an import of an
+    accellib module that does not exist (e.g. a relative import left behind by a move) fails here."""
     pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -46,6 +47,8 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
                 if node.level else node.module
             for a in node.names:
                 out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    missing = {m for m in out if m.split(".")[0] == "accellib" and m not in known}
+    assert not missing, f"{path} imports {', '.join(sorted(missing))}, which do not exist"
     return {m for m in out if m in known and m != name}
 
 
@@ -86,6 +89,9 @@ def test_graph_sees_lazy_and_relative_imports(tmp_path):
     f.write_text("from .y import z\n\ndef f():\n    from ..core import config\n")
     known = {"accellib.sub.y", "accellib.core", "accellib.core.config"}
     assert imports("accellib.sub.x", f, known) == {"accellib.sub.y", "accellib.core.config"}
+    f.write_text("def f():\n    from .techniques import build_techniques\n")
+    with pytest.raises(AssertionError, match="accellib.sub.techniques, which do not exist"):
+        imports("accellib.sub.x", f, known)
 
 
 def test_no_import_circles():

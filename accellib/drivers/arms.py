@@ -15,6 +15,7 @@ from pathlib import Path
 from ..core.config import RunConfig, apply_dict, load_config, parse_overrides, read_yaml, with_horizon
 from ..core.options import ConfigError
 from ..core.tasks import make_task
+from ..techniques import build_techniques
 from .budget import resolve
 
 
@@ -95,7 +96,6 @@ def check_data(cfgs: dict[str, RunConfig]) -> None:
 def tokens_per_step(cfg: RunConfig, world: int) -> int:
     """Tokens one optimizer step of `cfg` trains on `world` processes: data-parallel replicas (every
     process for a plain run; an engine's own count, e.g. 1 for an Ouroboros ring) x batch x accumulation."""
-    from .techniques import build_techniques
     engine = next((t for t in build_techniques(cfg) if getattr(t, "splits_model", False)), None)
     dp = world if engine is None else engine.data_parallel(world)
     return dp * cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
