@@ -43,6 +43,25 @@ class EvaluateError(RuntimeError):
     """The evaluation cannot run; the message is one line."""
 
 
+
+def _git_describe() -> str | None:
+    """What lm-eval records as its `git_hash` (`git describe --always` in the working folder), with git's
+    stderr discarded: outside a checkout git prints 'fatal: not a git repository', a red block in a notebook."""
+    import subprocess
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+
+
+def _quiet_git(lm_eval):
+    """lm-eval's evaluator with `_git_describe` in place of its own git call, where that call is where we expect it."""
+    from unittest import mock
+    evaluator = getattr(lm_eval, "evaluator", None)
+    if evaluator is None or not hasattr(evaluator, "get_git_commit_hash"):
+        return contextlib.nullcontext()
+    return mock.patch.object(evaluator, "get_git_commit_hash", _git_describe)
+
 def validation_text(data_path: str | Path) -> str:
     """The held-out split of a token folder as text (bytes decoded, or the folder's tokenizer decoding)."""
     from .data.tokens import load_token_data
@@ -174,9 +193,10 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
             lm = HFLM(pretrained=str(run_dir / "hf"), device=device, batch_size=batch_size, dtype="float32",
                       max_length=cfg.model.seq_len, prefix_token_id=_prefix_id(run_dir / "hf", info["tokenizer"]))
             try:
-                res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
-                                              bootstrap_iters=100, log_samples=False,
-                                              random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+                with _quiet_git(lm_eval):
+                    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                                  bootstrap_iters=100, log_samples=False,
+                                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0)
             except (ConnectionError, OSError) as e:
                 raise EvaluateError(f"lm-eval could not load a task's data ({type(e).__name__}: "
                                     f"{str(e).splitlines()[0][:120]}); tasks other than {', '.join(LOCAL_TASKS)} "

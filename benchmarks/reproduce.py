@@ -21,6 +21,9 @@ Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in
   tutorial_ouroboros the baseline vs Ouroboros delayed gradients with K = 2, 3, 4 modules at the baseline's steps,
                      3 seeds, single-process reference (configs/ouroboros.yaml: tutorial.yaml's base, its own arms;
                      notebook 06)
+  tutorial_ouroboros_lr  the LR check of tutorial_ouroboros: the tuned baseline (the paired control), and the
+                     baseline and Ouroboros K = 2, 3, 4 at lower peak LRs and longer warm-ups, same steps and
+                     seeds (configs/ouroboros_lr.yaml: tutorial.yaml's base; notebook 06)
 
 Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
 at once, then one `compare --resume` over all arms prints the table and writes summary.json.
@@ -45,6 +48,7 @@ from accellib.core.records import environment, read_metrics, write_json  # noqa:
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
+OUROBOROS_LR_CONFIG = ROOT / "configs" / "ouroboros_lr.yaml"
 SEEDS = 3          # the LR sweep and Ouroboros (tuning and a 4-arm study); headline comparisons use HEADLINE_SEEDS
 HEADLINE_SEEDS = 5
 LR_CHECK = (0.5, 2.0)  # the LR check's multiples of the tutorial LR
@@ -204,8 +208,12 @@ def main() -> int:
         "tutorial_ouroboros": lambda: compare(same_base(OUROBOROS_CONFIG), runs / "tutorial_ouroboros",
                                               list(yaml.safe_load(OUROBOROS_CONFIG.read_text())["arms"]), "steps",
                                               seeds, extra, args.jobs),
+        "tutorial_ouroboros_lr": lambda: compare(same_base(OUROBOROS_LR_CONFIG), runs / "tutorial_ouroboros_lr",
+                                                 list(yaml.safe_load(OUROBOROS_LR_CONFIG.read_text())["arms"]),
+                                                 "steps", seeds, extra, args.jobs),
     }
-    configs = {"tutorial_ouroboros": OUROBOROS_CONFIG}   # the file whose config a record stores (default tutorial.yaml)
+    configs = {"tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)
+               "tutorial_ouroboros_lr": OUROBOROS_LR_CONFIG}
     names = args.only.split(",") if args.only else list(experiments)
     unknown = [n for n in names if n not in experiments]
     if unknown:

@@ -13,7 +13,7 @@ import nbformat
 from nbclient import NotebookClient
 
 
-def execute(path: str) -> None:
+def execute(path: str, write: bool = True) -> None:
     nb = nbformat.read(path, as_version=4)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
@@ -22,7 +22,8 @@ def execute(path: str) -> None:
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    nbformat.write(nb, path)
+    if write:
+        nbformat.write(nb, path)
     print(f"{path}: executed in {time.time() - t0:.0f} s")
 
 

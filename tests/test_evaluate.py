@@ -137,3 +137,15 @@ def test_a_limit_below_one_is_one_line(limit, trained, capsys):
     err = capsys.readouterr().err
     assert f"--limit {limit}" in err and "at least 1" in err and err.count("\n") == 1
     assert (trained / "record.json").read_text() == before
+
+
+def test_evaluation_outside_a_git_checkout_prints_no_git_error(trained, tmp_path, monkeypatch, capfd):
+    """lm-eval asks git for a version; outside a checkout git wrote 'fatal: not a git repository' to the
+    process's stderr, a red block in notebook 00 (issue 28)."""
+    import subprocess
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))   # git must not find a checkout above
+    assert subprocess.run(["git", "rev-parse"], capture_output=True).returncode != 0
+    assert evaluate_main([str(trained), "--limit", "1"]) == 0
+    err = capfd.readouterr().err
+    assert "fatal" not in err and "not a git repository" not in err

@@ -78,3 +78,8 @@ def test_tensors_compare_exactly_unless_a_tolerance_is_given():
         assert not check(lambda: a + 1e-6, lambda: a, [()])
         assert check(lambda: a + 1e-6, lambda: a, [()], atol=1e-5)
         assert not check(lambda: a[:2], lambda: a, [()])        # a shape mismatch is a mismatch
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        b = torch.zeros(20)
+        assert not check(lambda: torch.cat([b[:15], torch.ones(5)]), lambda: b, [()])
+    assert "first difference at index (15,): expected 0, got 1 (5 differ)" in out.getvalue()

@@ -47,6 +47,18 @@ def _show(x: Any, width: int = 160) -> str:
     return text if len(text) <= width else text[: width - 4] + " ..."
 
 
+def _where(got: Any, expected: Any, atol: float, rtol: float) -> str:
+    """For two tensors of one shape: the first element that differs (the preview may show only equal ones)."""
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)) or got.shape != expected.shape:
+        return ""
+    g, e = got.double(), expected.double()
+    bad = ~torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=True)
+    if not bad.any():
+        return ""
+    i = tuple(int(v) for v in bad.nonzero()[0])
+    return f"\n  first difference at index {i}: expected {e[i].item():.6g}, got {g[i].item():.6g} ({int(bad.sum())} differ)"
+
+
 def check(student: Callable, reference: Callable, cases: Iterable[tuple | dict], *, atol: float = 0.0,
           rtol: float = 0.0) -> bool:
     """Call `student(*case)` and `reference(*case)` on every case (a tuple of positional arguments, or a dict of
@@ -69,7 +81,7 @@ def check(student: Callable, reference: Callable, cases: Iterable[tuple | dict],
             return False
         if not _same(got, expected, atol, rtol):
             print(f"FAIL on case {k + 1} of {len(cases)}: inputs {_show(case)}\n"
-                  f"  expected ({ref}): {_show(expected)}\n  got ({name}): {_show(got)}")
+                  f"  expected ({ref}): {_show(expected)}\n  got ({name}): {_show(got)}" + _where(got, expected, atol, rtol))
             return False
     print(f"PASS: {name} matches accellib's {ref} on all {len(cases)} random cases.")
     return True

@@ -155,9 +155,12 @@ def gantt(tasks: list[Task], P: int, ax=None, title: str = "", color_by: str = "
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * P))
-    cmap = plt.get_cmap("tab10")
+    # a sequential map (the course's colours name arms, accellib.analysis.plotting.ARM_COLORS; loops and stages are an order)
+    hue = (lambda t: t.stage) if color_by == "stage" else (lambda t: t.stage // P)
+    top = max((hue(t) for t in tasks), default=0)
+    cmap = plt.get_cmap("viridis")
     for t in tasks:
-        c = cmap((t.stage if color_by == "stage" else t.stage // P) % 10)
+        c = cmap(0.15 + 0.7 * hue(t) / max(top, 1))
         if t.kind == "R":   # the link: a thin hatched bar under the device's row
             ax.barh(t.device + 0.42, t.end - t.start, left=t.start, height=0.16, color=c, hatch="//",
                     edgecolor="k", linewidth=0.4)

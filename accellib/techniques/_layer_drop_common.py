@@ -51,7 +51,8 @@ def depth_keep_probs(theta: float, n_layer: int, convention: str = "paper") -> l
     """Depth-wise keep probabilities for global ratio theta.
 
     paper:   p_l = 1 - (l / L) (1 - theta), l = 1..L   (last block kept with prob theta)
-    code:    p_l = 1 - (l / L) (1 - theta), l = 0..L-1 (DeepSpeedExamples: first block always kept)
+    code:    p_l = 1 - (l / L) (1 - theta), l = 0..L-1 (DeepSpeedExamples' gate: first block always kept; that
+             code scales a kept block by 1/p_(l+1), we scale by the 1/p_l it was gated with: unbiased)
     uniform: p_l = theta                                 (ablation: no depth schedule)
     """
     L = n_layer

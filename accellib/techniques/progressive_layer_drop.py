@@ -13,15 +13,20 @@ time (to a floor theta_bar) and over depth (deeper blocks are dropped more):
 Kept blocks' residual branches are scaled by 1/p_l in training, eval runs the full model.
 
 Depth conventions (`pld.convention`): `paper` is the §4.2 formula above, l = 1..L (the first block can
-be skipped, the last is kept with probability theta). `code` is DeepSpeedExamples' BERT
-(modelingpreln_layerdrop.py): p starts at 1 and falls by (1 - theta)/L after each block, i.e.
-l = 0..L-1, so the first block is always kept and E = L - (1 - theta)(L - 1)/2. The paper's
-Algorithm 1 is written like that code (p <- 1 before the layer loop, p <- p - step after each layer),
-so the paper's pseudo-code is the `code` convention and its formula the `paper` one. Algorithm 1 also
-ties gamma to the run length (gamma = 100/T). Both Algorithm 1 readings are from the PDF as recalled,
-not re-checked here (the PDF is not among the course's sources). gamma = 0.001, our default, is
-DeepSpeed's default (runtime/constants.py) and its PLD tutorial's recommendation, not a value from the
-paper's text.
+be skipped, the last is kept with probability theta). `code` follows DeepSpeedExamples' BERT
+(bing_bert/nvidia/modelingpreln_layerdrop.py, `BertEncoder.forward`): p starts at 1 and falls by (1 - theta)/L
+after each block, so block i (0-based) is gated with p_i = 1 - i (1 - theta)/L, the first block is always kept and
+E = L - (1 - theta)(L - 1)/2.
+
+Checked against the official code (issue 28): theta(t) is DeepSpeed's `_prob` in
+deepspeed/runtime/progressive_layer_drop.py exactly (theta starts at 1); gamma = 0.001 and theta_bar = 0.5 are
+DeepSpeed's defaults (runtime/constants.py) and its PLD tutorial's recommendation; the 1/p scale multiplies both
+residual branches and only in training (DeepSpeed's engine passes theta to the model only in train mode).
+One difference, on purpose: DeepSpeedExamples scales a kept block i by 1/p_(i+1), the probability after the
+decrement, although it gated the block with p_i, so its kept blocks are scaled up by p_i / p_(i+1) > 1 on average.
+accellib's `code` convention uses p_i for both the gate and the scale: the unbiased form of that code, not a
+replica. Still unverified, because the paper's body could not be read: the depth index of its Algorithm 1
+(`paper` or `code`), and gamma = 100/T as the paper's heuristic (only a third-party summary of the paper states it).
 The gate, scaling, DDP and zero-fill machinery is shared with SBLD in `_layer_drop_common.py`.
 
     python -m accellib.train --config configs/pld_tiny.yaml --out runs/pld
