@@ -28,5 +28,7 @@ def execute(path: str, write: bool = True) -> None:
 
 
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
-        execute(p)
+    args = sys.argv[1:]
+    write = "--no-write" not in args          # --no-write: execute and time only (benchmarks/notebook_times.py)
+    for p in [a for a in args if a != "--no-write"]:
+        execute(p, write=write)

@@ -18,5 +18,5 @@ def test_every_header_states_the_measured_times():
         t = res["notebooks"][name]
         assert 0 < t["idle_s"] and 0 < t["busy_s"]
         head = "".join(json.loads((ROOT / "notebooks" / name).read_text())["cells"][0]["source"])
-        assert mod.runtime_line(t, res["cores"]).strip() in head, f"{name}: header lacks its measured runtime line"
+        assert mod.runtime_line(t, res["cores"], res["busy_processes"]).strip() in head, f"{name}: header lacks its measured runtime line"
         assert head.count("**Runtime:**") == 1
