@@ -64,6 +64,6 @@ def test_notebooks_colour_named_series_through_the_registry():
         for i, c in enumerate(json.loads(nb.read_text())["cells"]):
             if c["cell_type"] == "code":
                 for line in "".join(c["source"]).splitlines():
-                    if HAND_COLOUR.search(line.split("  # ")[0])   # a trailing comment may name a colour:
+                    if HAND_COLOUR.search(line.split("  # ")[0]):   # a trailing comment may name a colour
                         offenders.append(f"{nb.name} cell {i}: {line.strip()[:100]}")
     assert not offenders, "colours set by hand (use accellib.analysis.plotting.arm_color):\n" + "\n".join(offenders)
