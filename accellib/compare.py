@@ -29,6 +29,7 @@ import yaml
 
 from .drivers.arms import (CONTROLS, DENSE, arm_configs, baseline_arm, check_data, check_same_data, is_dense,
                            is_plain, load_arms, plan_runs)
+from .analysis.frontier import frontier, frontier_edge, paired_gaps  # noqa: F401 (the frontier rule, re-exported)
 from .drivers.budget import BUDGETS
 from .core.options import ConfigError
 from .core.config import RunConfig, load_config
@@ -36,7 +37,7 @@ from .core.tasks import make_task
 from .core.records import read_metrics, read_record, write_json
 from .core.launch import process_state
 from .core.run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
-from .analysis.stats import Paired, mean_sd, paired
+from .analysis.stats import Paired, mean_sd, to_target
 from .train import USER_ERRORS, report, training_function
 
 
@@ -179,38 +180,11 @@ def crossing(recs: list[dict], target: float, x: str) -> float:
     return math.inf
 
 
-def frontier(losses: dict[str, dict[str, float]]) -> dict[str, str]:
-    """The dense frontier's arm for each seed: {seed: plain arm}. `losses` = {plain arm: {seed: final val
-    loss}}. Picking the arm with the lowest loss *on the seed it is judged on* would be biased low (the
-    minimum of noisy values), flattering the control; so the arm for seed k is the one with the lowest mean
-    over the *other* seeds (leave one seed out), and is judged on seed k. With one seed there is nothing
-    else to choose on: the arm is chosen on that seed, and the gap is biased towards the frontier.
-    Only seeds every plain arm finished are used."""
-    seeds = sorted(set.intersection(*(set(v) for v in losses.values()))) if losses else []
-    pick = {}
-    for k in seeds:
-        others = [s for s in seeds if s != k] or [k]
-        pick[k] = min(sorted(losses), key=lambda a: statistics.fmean(losses[a][s] for s in others))
-    return pick
-
-
-def paired_gaps(rows: list[dict], base: str) -> dict:
-    """Every arm's paired gaps (arm - control, per seed, `accellib.analysis.stats.paired`) to the same-size
-    baseline and, when plain arms of other sizes ran, to the dense frontier; written into the rows as
-    `vs_baseline` / `vs_frontier` (Paired dicts) and returned as the frontier's record."""
-    by = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in rows}
-    plain = {a: v for a, v in by.items() if is_plain(a) or a == base}
-    pick = frontier(plain) if any(is_dense(a) for a in plain) else {}
-    front = {k: plain[a][k] for k, a in pick.items()}
-    for r in rows:
-        mine = by[r["arm"]]
-        for key, ctrl in (("vs_baseline", by.get(base, {})), ("vs_frontier", front)):
-            common = [k for k in mine if k in ctrl]
-            if ctrl and common and not (key == "vs_baseline" and r["arm"] == base):
-                r[key] = paired([mine[k] for k in common], [ctrl[k] for k in common]).to_dict()
-    return dict(per_seed=pick, val_losses=front,
-                rule="per seed, the plain arm (baseline or dense-*) with the lowest mean final validation loss "
-                     "over the other seeds (leave one seed out), judged on this seed") if pick else {}
+def eval_spacing(recs: list[dict]) -> float:
+    """The largest FLOPs between two consecutive evaluations of a run (from zero to the first): the
+    resolution of a time to target read from its curve (between evaluations it is interpolated)."""
+    xs = [0.0] + [float(r["flops"]) for r in recs if "val_loss" in r and not r.get("transition")]
+    return max((b - a for a, b in zip(xs, xs[1:])), default=math.inf)
 
 
 def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
@@ -233,12 +207,21 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
     target = {seed_of(lb): results[lb]["val_loss"] for lb in by_arm[base]}
     bflops = statistics.fmean(results[lb]["flops"] for lb in by_arm[base])
     bwall = statistics.fmean(results[lb]["wall"] for lb in by_arm[base])
+    bflops_of = {seed_of(lb): results[lb]["flops"] for lb in by_arm[base]}
+    bwall_of = {seed_of(lb): max(results[lb]["wall"], 1e-9) for lb in by_arm[base]}
     rows = []
     for arm, labels in by_arm.items():
         recs = {lb: read_metrics(out / lb) for lb in labels}
         paired = [lb for lb in labels if seed_of(lb) in target]  # seeds whose baseline has finished
         hit_f = [crossing(recs[lb], target[seed_of(lb)], "flops") / bflops for lb in paired] or [math.nan]
         hit_w = [crossing(recs[lb], target[seed_of(lb)], "wall") / bwall for lb in paired] or [math.nan]
+        ratios = {}
+        for x, scale in (("flops", bflops_of), ("wall", bwall_of)):
+            hits = [crossing(recs[lb], target[seed_of(lb)], x) / scale[seed_of(lb)] for lb in paired]
+            budgets = [(results[lb][x] if x in results[lb] else math.nan) / scale[seed_of(lb)] for lb in paired]
+            if paired:
+                ratios[x] = to_target(hits, budgets, what=f"arm {arm} time to target ({x})",
+                                      seeds=[seed_of(lb) for lb in paired]).to_dict()
         loss, loss_sd = mean_sd([results[lb]["val_loss"] for lb in labels])
         wall, wall_sd = mean_sd([results[lb]["wall"] for lb in labels])
         flops = statistics.fmean(results[lb]["flops"] for lb in labels)
@@ -251,9 +234,16 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
                          wall_ratio=wall / max(bwall, 1e-9),
                          tok_per_s=statistics.fmean(results[lb]["tokens"] / max(results[lb]["wall"], 1e-9) for lb in labels),
                          reached=sum(math.isfinite(h) for h in hit_f),
-                         to_target_flops=statistics.median(hit_f), to_target_wall=statistics.median(hit_w)))
+                         to_target_flops=statistics.median(hit_f), to_target_wall=statistics.median(hit_w),
+                         to_target=ratios, to_target_resolution=max(eval_spacing(recs[lb]) for lb in labels) / bflops,
+                         params=_params(out / labels[0])))
     order = lambda r: (r["arm"] != base, is_dense(r["arm"]), int(DENSE.match(r["arm"]).group(1)) if is_dense(r["arm"]) else 0)
     return sorted(rows, key=order)
+
+
+def _params(run: Path) -> int | None:
+    """The run's parameter count (all parameters) from its record, None before it has one."""
+    return read_record(run).get("params") if (run / "record.json").is_file() else None
 
 
 def _task_metric(results: dict, labels: list[str]) -> dict:
@@ -278,6 +268,9 @@ def format_gaps(rows: list[dict], front: dict) -> str:
     if front:
         picks = sorted(set(front["per_seed"].values()))
         lines.append(f"frontier: {', '.join(picks)} (chosen per seed on the other seeds' mean; see accellib.compare.frontier)")
+        if front.get("bracketed") is False:
+            lines.append(f"warning: the frontier's minimum is at the edge of the arms tried ({', '.join(front['edge'])}); "
+                         "add plain arms beyond it (dense-L<n>[-d<w>]) before reading the frontier as the best plain model")
     return "\n".join(lines)
 
 

@@ -16,6 +16,9 @@ Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in
                      compute-matched comparison every notebook reads
   tutorial_flops_lr  the LR check of that comparison: its best dense arm and its best technique arm (read from
                      results/tutorial_flops.json) at half and twice the tutorial LR, same FLOPs, 5 seeds
+  tutorial_frontier  the plain models around tutorial_flops' best (narrower 1-block models, the 1-2-block ones
+                     and the baseline again) at the same FLOPs and seeds, so the tutorial budget's frontier has
+                     its minimum bracketed (analysis.results.joint_frontier pairs it with tutorial_flops' arms)
   tutorial_timing    seconds per step of every arm, paired and interleaved on one core (budget.paired_step_seconds):
                      the source of every wall-time claim (run alone, before the others, so nothing competes)
   tutorial_ouroboros the baseline vs Ouroboros delayed gradients with K = 2, 3, 4 modules at the baseline's steps,
@@ -24,6 +27,14 @@ Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in
   tutorial_ouroboros_lr  the LR check of tutorial_ouroboros: the tuned baseline (the paired control), and the
                      baseline and Ouroboros K = 2, 3, 4 at lower peak LRs and longer warm-ups, same steps and
                      seeds (configs/ouroboros_lr.yaml: tutorial.yaml's base; notebook 06)
+
+The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 tokens per parameter):
+  long_lr_sweep      its peak LR and warm-up, 3 seeds, searched until the best LR is interior
+                     (benchmarks/lr_tune.py); the config's optim section is set from it
+  long_flops         every arm at the baseline's FLOPs, 5 seeds, with plain models smaller and larger
+                     (LONG_DENSE) trained to the same FLOPs: the papers' metric (FLOPs and wall to reach the
+                     same seed's baseline final loss), the same-size gap and the frontier, with its minimum
+                     bracketed
 
 Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
 at once, then one `compare --resume` over all arms prints the table and writes summary.json.
@@ -43,12 +54,23 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from accellib.drivers.arms import DENSE, arm_configs, check_data, dense_arms, is_plain  # noqa: E402
 from accellib.core.records import environment, read_metrics, write_json  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
 OUROBOROS_LR_CONFIG = ROOT / "configs" / "ouroboros_lr.yaml"
+LONG_CONFIG = ROOT / "configs" / "fixed_size_long.yaml"
+LONG_LR_GRID = (5e-3, 7e-3, 1e-2, 1.4e-2, 2e-2)   # the first pass, at the config's warm-up
+LONG_WARMUPS = (20, 150)                           # tried at the best LR besides the config's
+# the plain models beside the 6-block x 24 baseline at its FLOPs: shallower, deeper and wider, so that the
+# best plain model has a measured smaller and larger neighbour (compare warns when it does not)
+# the tutorial budget's frontier, bracketed (issue 33): tutorial_flops found its minimum at its smallest arm,
+# dense-L1 (width 64), so narrower 1-block models join it (and L1/L2 and the baseline are re-run as the pairing
+# anchors: their losses must equal tutorial_flops' seed for seed)
+TUTORIAL_FRONTIER = ("dense-L1", "dense-L2", "dense-L1-d48", "dense-L1-d32", "dense-L2-d48")
+LONG_DENSE = ("dense-L3", "dense-L9", "dense-L12", "dense-L16", "dense-L6-d32")
 SEEDS = 3          # the LR sweep and Ouroboros (tuning and a 4-arm study); headline comparisons use HEADLINE_SEEDS
 HEADLINE_SEEDS = 5
 LR_CHECK = (0.5, 2.0)  # the LR check's multiples of the tutorial LR
@@ -197,7 +219,18 @@ def main() -> int:
         cfg, lr_arms = lr_check_yaml(runs / "tutorial_flops_lr", flops)
         return compare(cfg, runs / "tutorial_flops_lr", lr_arms, "flops", headline, extra, args.jobs,
                        table_arms=["baseline", *lr_arms])
+    def long_sweep():
+        from lr_tune import tune
+        return tune(LONG_CONFIG, runs / "long_lr_sweep", (2e-3, 1e-2) if args.quick else LONG_LR_GRID, LONG_WARMUPS,
+                    lambda cfg, arms: compare(cfg, runs / "long_lr_sweep", arms, "steps", seeds, extra, args.jobs),
+                    rounds=1 if args.quick else 6)
+    long_arms = list(yaml.safe_load(LONG_CONFIG.read_text())["arms"])
     experiments = {
+        "long_lr_sweep": long_sweep,
+        "long_flops": lambda: compare(LONG_CONFIG, runs / "long_flops", long_arms + list(LONG_DENSE), "flops",
+                                      headline, extra, args.jobs),
+        "tutorial_frontier": lambda: compare(CONFIG, runs / "tutorial_frontier", ["baseline", *TUTORIAL_FRONTIER],
+                                             "flops", headline, extra, args.jobs),
         "tutorial_timing": lambda: timing(CONFIG, args.quick),
         "tutorial_lr_sweep": lambda: compare(lr_sweep_yaml(runs / "tutorial_lr_sweep"), runs / "tutorial_lr_sweep",
                                              ["baseline", *sweep_arms()], "steps", seeds, extra, args.jobs),
@@ -212,7 +245,8 @@ def main() -> int:
                                                  list(yaml.safe_load(OUROBOROS_LR_CONFIG.read_text())["arms"]),
                                                  "steps", seeds, extra, args.jobs),
     }
-    configs = {"tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)
+    configs = {"long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG,
+               "tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)
                "tutorial_ouroboros_lr": OUROBOROS_LR_CONFIG}
     names = args.only.split(",") if args.only else list(experiments)
     unknown = [n for n in names if n not in experiments]

@@ -47,6 +47,27 @@ def test_planned_flops_equal_what_training_counts(tiny_data_dir, extra):
     assert planned_flops(cfg) == tr.state.flops
 
 
+def test_sbld_profiling_is_charged_to_its_flops_and_its_budget(tiny_data_dir):
+    # SBLD's profile (profile_batches x (L+1) forward passes) is real work: the run's FLOPs count it, and the
+    # planner counts it too, so an equal-FLOPs budget and a time-to-target both pay for it (issue 33)
+    from accellib.models.transformer import Plan
+    sbld = ["--sbld.enabled=true", "--sbld.profile_step=2", "--sbld.profile_batches=3", "--sbld.gamma=0.3"]
+    cfg = _cfg(tiny_data_dir, *sbld, **{"train.steps": 2})
+    tr = Trainer(cfg)
+    L, full = cfg.model.n_layer, tr.task.micro_flops(None)
+    plans = [Plan.full(L) for _ in range(L + 1)]
+    for k in range(L):
+        plans[k + 1].blocks[k].run = False
+    profile = 3 * sum(tr.task.micro_flops(p) for p in plans) / 3       # 3 batches, forward = 1/3 of a step
+    sb = tr.techniques[0]
+    assert sb.profiles_at(2) and not sb.profiles_at(1) and not sb.profiles_at(3)
+    assert sb.extra_flops(2, tr.task) == pytest.approx(profile) and sb.extra_flops(1, tr.task) == 0
+    while not tr.finished():   # steps 1 and 2 run every block (no dropping before the profile)
+        tr.train_step()
+    assert tr.state.flops == pytest.approx(2 * full + profile)
+    assert planned_flops(cfg) == pytest.approx(2 * full + profile)
+
+
 def test_flops_budget_gives_each_arm_the_baselines_flops(tiny_data_dir):
     base = _cfg(tiny_data_dir, **{"train.steps": 10})
     pld = _cfg(tiny_data_dir, *PLD, **{"train.steps": 10})
@@ -102,6 +123,11 @@ def test_summary_keeps_seeds_that_miss_the_target(tmp_path):
     assert rows["pld"]["reached"] == 1 and rows["pld"]["to_target_flops"] == math.inf
     assert rows["baseline"]["reached"] == 3 and rows["baseline"]["to_target_flops"] == 1.0
     assert "not reached" in format_table(list(rows.values()))
+    # the papers' metric by the one rule: seeds 2 and 3 are censored at their budget (1.0x), never dropped
+    tt = rows["pld"]["to_target"]["flops"]
+    assert tt["censored"] == [False, True, True] and tt["ratios"] == pytest.approx([2 / 3, 1.0, 1.0])
+    assert tt["ratio"] == pytest.approx((2 / 3) ** (1 / 3)) and tt["verdict"] == "not resolved at 3 seeds"
+    assert rows["pld"]["to_target_resolution"] == pytest.approx(10.0 / 30.0)   # one evaluation every 10 FLOPs
 
 
 def _yaml(tmp_path, data):

@@ -6,7 +6,7 @@ import pytest
 
 from accellib.drivers.budget import planned_flops, resolve
 from accellib.drivers.arms import arm_configs, dense_arms, is_dense
-from accellib.compare import frontier, main as compare_main, paired_gaps
+from accellib.compare import format_gaps, frontier, main as compare_main, paired_gaps
 from accellib.core.options import ConfigError
 from accellib.core.config import with_horizon
 
@@ -75,6 +75,22 @@ def test_paired_gaps_to_baseline_and_frontier():
     assert paired_gaps(rows2, "baseline") == {} and "vs_frontier" not in rows2[1]
 
 
+def test_frontier_minimum_at_the_edge_is_said():
+    # the frontier is only the best plain model if a smaller and a larger plain model were measured and lost
+    def rows(best):
+        out = []
+        for arm, n in (("dense-L2", 10), ("dense-L4", 20), ("baseline", 30), ("dense-L9", 40)):
+            loss = 2.0 if arm == best else 2.3
+            out.append(dict(arm=arm, params=n, seed_labels=["s1", "s2", "s3"], val_losses=[loss, loss + 0.01, loss - 0.01]))
+        return out
+    for best, bracketed in (("dense-L4", True), ("dense-L2", False), ("dense-L9", False)):
+        r = rows(best)
+        front = paired_gaps(r, "baseline")
+        assert front["bracketed"] is bracketed and front["edge"] == ([] if bracketed else [best])
+        text = format_gaps(r, front)
+        assert ("frontier's minimum is at the edge of the arms tried" in text) is not bracketed
+
+
 def test_compare_control_dense_end_to_end(tiny_data_dir, tmp_path, capsys):
     cfg, out = _yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
     args = ["--config", str(cfg), "--out", str(out), "--budget", "flops", "--seeds", "2", "--control", "dense",
@@ -89,3 +105,21 @@ def test_compare_control_dense_end_to_end(tiny_data_dir, tmp_path, capsys):
     assert rows["pld"]["vs_frontier"]["n"] == 2 and rows["pld"]["vs_baseline"]["n"] == 2
     for arm in ("dense-L1", "dense-L2"):
         assert rows[arm]["flops_ratio"] == pytest.approx(1.0, abs=0.35)   # one step of a tiny run over at most
+
+
+def test_joint_frontier_pairs_two_experiments_through_their_shared_baseline():
+    from accellib.analysis.frontier import joint_frontier
+    seeds = ["seed1", "seed2", "seed3"]
+    row = lambda arm, v, n=None: dict(arm=arm, seed_labels=seeds, val_losses=v, params=n)
+    res = dict(name="a", summary=dict(rows=[row("baseline", [2.3, 2.32, 2.28], 30), row("pld", [2.2, 2.21, 2.19]),
+                                            row("dense-L1", [2.0, 2.02, 1.98], 10)]))
+    more = dict(name="b", summary=dict(rows=[row("baseline", [2.3, 2.32, 2.28], 30), row("dense-L1", [2.0, 2.02, 1.98], 10),
+                                             row("dense-L1-d32", [1.9, 1.91, 1.89], 5), row("dense-L1-d16", [1.95, 1.97, 1.93], 2)]))
+    j = joint_frontier(res, more)
+    by = {r["arm"]: r for r in j["rows"]}
+    assert j["frontier"]["per_seed"] == dict.fromkeys(seeds, "dense-L1-d32") and j["frontier"]["bracketed"] is True
+    assert by["pld"]["vs_frontier"]["gaps"] == pytest.approx([0.3, 0.3, 0.3])
+    assert "vs_frontier" not in res["summary"]["rows"][1]          # the cached rows are not touched
+    more["summary"]["rows"][0]["val_losses"] = [2.3, 2.33, 2.28]   # another baseline: not the same runs
+    with pytest.raises(ValueError, match="do not share their baseline runs"):
+        joint_frontier(res, more)

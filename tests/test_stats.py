@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from accellib.analysis.stats import from_gaps, mean_se, paired, t_quantile
+from accellib.analysis.stats import RESOLUTION, Ratio, from_gaps, mean_se, paired, t_quantile, to_target
 
 
 @pytest.mark.parametrize("df,t", [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451), (9, 2.2621572),
@@ -39,6 +39,10 @@ def test_all_equal_gaps_and_ties():
     d = from_gaps([0.02, 0.02, 0.02])
     assert d.se == pytest.approx(0.0, abs=1e-15) and d.lo == pytest.approx(0.02) and d.verdict == "loses"
     assert from_gaps([0.0, 0.0, 0.0]).verdict == "not resolved at 3 seeds"
+    # equal gaps below the stored losses' rounding are rounding, not a result (issue 33: [-1e-12, -1e-12] "won")
+    assert from_gaps([-1e-12] * 3).verdict == "not resolved at 3 seeds"
+    assert from_gaps([RESOLUTION / 2] * 5).verdict == "not resolved at 5 seeds"
+    assert from_gaps([-2 * RESOLUTION] * 3).verdict == "wins"
 
 
 def test_an_interval_across_zero_is_not_resolved():
@@ -62,6 +66,35 @@ def test_bad_input_is_one_line():
         paired([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="no seeds"):
         from_gaps([])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_nan_or_inf_gap_names_the_arm_and_seed(bad):
+    # before: AttributeError: 'float' object has no attribute 'numerator' (statistics.stdev on a NaN)
+    with pytest.raises(ValueError, match=r"^arm pld vs baseline: the gap at seed1338 is .*rerun that seed") as e:
+        paired([2.1, bad, 2.0], [2.2, 2.2, 2.2], what="arm pld vs baseline", seeds=["seed1337", "seed1338", "seed1339"])
+    assert "\n" not in str(e.value)
+
+
+def test_time_to_target_is_the_rule_on_log_ratios():
+    r = to_target([0.5, 0.6, 0.7], [1.0, 1.0, 1.0])
+    logs = [math.log(v) for v in (0.5, 0.6, 0.7)]
+    d = from_gaps(logs)
+    assert r.ratio == pytest.approx(math.exp(statistics.fmean(logs))) and r.reached == 3
+    assert (r.lo, r.hi) == (pytest.approx(math.exp(d.lo)), pytest.approx(math.exp(d.hi)))
+    assert r.verdict == "wins" and r.text().endswith("(3/3 reached): wins")
+    assert Ratio.from_dict(r.to_dict()) == r
+
+
+def test_time_to_target_keeps_censored_seeds_at_their_budget():
+    # a seed that never reaches the target enters at its whole run's ratio (a lower bound), never dropped;
+    # the interval may still lie below 1x, but "wins" is withheld while any seed is censored
+    r = to_target([0.60, 0.62, math.inf, 0.61], [1.0, 1.0, 0.9, 1.0])
+    assert r.censored == (False, False, True, False) and r.ratios[2] == 0.9 and r.reached == 3
+    assert r.hi < 1 and r.verdict == "not resolved (1 censored)" and r.text().startswith(">=")
+    assert to_target([1.2, 1.25, 1.22, math.inf], [1.1] * 4).verdict == "loses"   # censoring only raises values
+    with pytest.raises(ValueError, match="at seed2 is nan.*rerun"):
+        to_target([0.5, math.inf], [1.0, math.nan], seeds=["seed1", "seed2"])
 
 
 def test_mean_se():

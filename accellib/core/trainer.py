@@ -301,6 +301,9 @@ class Trainer:
         self.last_lr = lr
         for tech in self.techniques:  # inside the timed region: e.g. SBLD's profiling is a real cost
             tech.step_end(self)
+            extra = world * tech.extra_flops(st.step, task)   # ... and in the FLOPs
+            st.flops += extra
+            st.win_flops += extra
         if self.prefetch:  # the host draws the next batches while the device works through this step
             self._prefetched = (st.step, self.batches(st.step))
         return loss

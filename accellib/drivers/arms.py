@@ -9,13 +9,13 @@ other sizes are named, not written: `dense-L3` is the base with 3 blocks, `dense
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 from ..core.config import RunConfig, apply_dict, load_config, parse_overrides, read_yaml, with_horizon
 from ..core.options import ConfigError
 from ..core.tasks import make_task
 from ..techniques import build_techniques
+from ..analysis.frontier import DENSE, is_dense, is_plain  # noqa: F401 (re-exported: compare, reproduce)
 from .budget import resolve
 
 
@@ -31,20 +31,7 @@ def load_arms(path: str | Path) -> tuple[dict, dict]:
     return raw, arms
 
 
-DENSE = re.compile(r"^dense-L(\d+)(?:-d(\d+))?$")
-
-
 CONTROLS = ("none", "dense")
-
-
-def is_dense(arm: str) -> bool:
-    """A plain arm of another size (`dense-L3`, `dense-L3-d96`): no technique, only the model's shape."""
-    return DENSE.match(arm) is not None
-
-
-def is_plain(arm: str) -> bool:
-    """An arm the dense frontier is chosen from: the baseline and the dense arms."""
-    return arm == "baseline" or is_dense(arm)
 
 
 def dense_arms(base: RunConfig) -> list[str]:

@@ -57,6 +57,7 @@ def planned_flops(cfg: RunConfig) -> float:
             st.flops += task.micro_flops(p)
             st.layer_tokens += task.micro_layer_tokens(p)
         st.step += 1
+        st.flops += sum(tech.extra_flops(st.step, task) for tech in techs)   # e.g. SBLD's profiling
     return st.flops
 
 

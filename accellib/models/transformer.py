@@ -179,7 +179,9 @@ class Transformer(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.transformer.h
 
-    def num_params(self, non_embedding: bool = True) -> int:
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Every parameter (Hoffmann et al. 2022's count, the one accellib's records and tokens per parameter
+        use); non_embedding=True leaves out the position embeddings only (nanoGPT's convention)."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
@@ -214,8 +216,9 @@ class Transformer(nn.Module):
 
 
 def num_params(model: nn.Module) -> int:
-    """A Transformer's count without position embeddings (nanoGPT's convention); any other model's every parameter."""
-    return model.num_params() if isinstance(model, Transformer) else sum(p.numel() for p in model.parameters())
+    """Every parameter of the model, embeddings and head included: the count runs record and tokens per
+    parameter divide by (`accellib.analysis.regime`), the same for every model."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:

@@ -68,6 +68,12 @@ class Technique:
     def step_end(self, trainer: Any) -> None:
         pass
 
+    def extra_flops(self, step: int, task: Any) -> float:
+        """FLOPs (one process's) this technique spends outside the step's plans at the end of optimizer step
+        `step` (e.g. SBLD's profiling forwards): charged to the run's FLOPs by the trainer, and counted by the
+        equal-FLOPs planner (drivers/budget.planned_flops), so a budget and a time-to-target both pay them."""
+        return 0.0
+
     def metrics(self, state: Any) -> dict:
         return {}
 

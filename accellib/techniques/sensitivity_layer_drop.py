@@ -245,6 +245,11 @@ class SensitivityLayerDrop(LayerDropTechnique):
         self.block = block_list(self.sensitivity, self.cfg.block_fraction, self.cfg.block_threshold)
         self._previewing = True
 
+    def profiles_at(self, s: int) -> bool:
+        """Whether a profile runs at the end of optimizer step s (one at setup when W = 0, charged to step 1)."""
+        R = self.cfg.reprofile_every
+        return (s == self.W if self.W > 0 else s == 1) or bool(R and s > self.W and (s - self.W) % R == 0)
+
     def step_end(self, trainer) -> None:
         super().step_end(trainer)
         s, R = trainer.state.step, self.cfg.reprofile_every
@@ -252,6 +257,18 @@ class SensitivityLayerDrop(LayerDropTechnique):
             return
         if s == self.W or (R and s > self.W and (s - self.W) % R == 0):
             self.profile(trainer)
+
+    def extra_flops(self, step: int, task) -> float:
+        """One profile's forward passes: profile_batches x (the full model + each of the L one-block-skipped
+        models), one micro-batch each, at a third of a training micro-batch's FLOPs (forward only)."""
+        if not self.profiles_at(step):
+            return 0.0
+        plans = [Plan.full(self.n_layer)]
+        for skip in range(self.n_layer):
+            p = Plan.full(self.n_layer)
+            p.blocks[skip].run = False
+            plans.append(p)
+        return self.cfg.profile_batches * sum(task.micro_flops(p) for p in plans) / 3
 
     def metrics(self, state) -> dict:
         out = super().metrics(state)
