@@ -24,7 +24,9 @@ ARM_COLORS = {
     "multilevel": "#D55E00", "pld+random_ltd": "#0072B2", "sbld+random_ltd": "#CC79A7", "control": "#777777",
     # plain models of other depths at the same budget (the dense frontier): greys, light = shallow, dashed
     "dense-L1": "#c4c4c4", "dense-L2": "#a8a8a8", "dense-L3": "#8c8c8c", "dense-L4": "#5e5e5e", "dense-L5": "#3f3f3f",
-    "dense-L6": "#262626",
+    "dense-L6": "#262626", "dense-L9": "#1a1a1a", "dense-L12": "#0d0d0d", "dense-L16": "#050505",
+    # plain models of other widths (the frontier bracketed in width): blue-greys, light = narrow
+    "dense-L1-d32": "#d5dde5", "dense-L1-d48": "#b3c0cc", "dense-L2-d48": "#8d9cab", "dense-L6-d32": "#4a5866",
     # engines that split the model (notebooks 05, 06)
     "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
     # notebook 05: layered gradient accumulation (the 'standard' order is the baseline's) and the planner's
