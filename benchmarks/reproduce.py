@@ -35,6 +35,8 @@ The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 toke
                      (LONG_DENSE) trained to the same FLOPs: the papers' metric (FLOPs and wall to reach the
                      same seed's baseline final loss), the same-size gap and the frontier, with its minimum
                      bracketed
+  long_timing        seconds per step of every arm of that config, paired and interleaved on one core (as
+                     tutorial_timing): the wall-time ratios that do not depend on what else ran on the machine
 
 Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
 at once, then one `compare --resume` over all arms prints the table and writes summary.json.
@@ -57,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from accellib.drivers.arms import DENSE, arm_configs, check_data, dense_arms, is_plain  # noqa: E402
 from accellib.core.records import environment, read_metrics, write_json  # noqa: E402
+from accellib.core.options import ConfigError  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
@@ -174,6 +177,30 @@ def timing(config: Path, quick: bool) -> dict:
     return dict(timing=t, note="multilevel is left out: its stages are different models (see notebook 04)")
 
 
+def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
+    """{arm: {params, tokens, tokens_per_param, epochs, vs_compute_optimal}} of an experiment's arms, counted one
+    way (accellib.analysis.regime: all parameters; tokens = the mean over seeds of what each run read). A V-cycle
+    is counted at its full size (the model it delivers), with the tokens of all its stages."""
+    from accellib.analysis.regime import params_of, regime
+    from accellib.data.tokens import load_token_data
+    out = {}
+    for r in rows:
+        try:
+            cfg = arm_configs(config, [r["arm"]], [])[r["arm"]]
+        except ConfigError:   # an arm of a generated YAML (an LR sweep's lr<x>_wu<n>): the baseline's model
+            cfg = arm_configs(config, ["baseline"], [])["baseline"]
+        check_data({r["arm"]: cfg})
+        runs = [c for k, c in curves.items() if k.split("/")[0] == r["arm"]]
+        tokens = sum(max(x.get("tokens", 0) for x in c) for c in runs) / len(runs)
+        n_train = len(load_token_data(cfg.data.path).train)
+        out[r["arm"]] = regime(tokens, params_of(cfg), n_train)
+    return out
+
+
+CONFIG_OF = {"long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
+             "tutorial_ouroboros": "ouroboros.yaml", "tutorial_ouroboros_lr": "ouroboros_lr.yaml"}
+
+
 def reanalyse(name: str) -> int:
     """Add what today's summary adds (seed labels, paired gaps to the baseline and the dense frontier) to a
     cached experiment, from the per-seed final losses it stores: the numbers are the stored runs', only the
@@ -186,6 +213,9 @@ def reanalyse(name: str) -> int:
     for r in summ["rows"]:
         r["seed_labels"] = [f"seed{seed0 + k}" for k in range(len(r["val_losses"]))]
         r.pop("vs_baseline", None), r.pop("vs_frontier", None)
+    res["regime"] = regime_record(ROOT / "configs" / CONFIG_OF.get(name, "tutorial.yaml"), summ["rows"], res["curves"])
+    for r in summ["rows"]:   # all parameters, for the frontier's bracket check (older caches recorded none)
+        r["params"] = res["regime"][r["arm"]]["params"]
     summ["frontier"] = paired_gaps(summ["rows"], res["budget"]["baseline"])
     res["reanalysed"] = dict(command=f"python benchmarks/reproduce.py --reanalyse {name}", environment=environment())
     write_json(path, res)
@@ -229,6 +259,7 @@ def main() -> int:
         "long_lr_sweep": long_sweep,
         "long_flops": lambda: compare(LONG_CONFIG, runs / "long_flops", long_arms + list(LONG_DENSE), "flops",
                                       headline, extra, args.jobs),
+        "long_timing": lambda: timing(LONG_CONFIG, args.quick),
         "tutorial_frontier": lambda: compare(CONFIG, runs / "tutorial_frontier", ["baseline", *TUTORIAL_FRONTIER],
                                              "flops", headline, extra, args.jobs),
         "tutorial_timing": lambda: timing(CONFIG, args.quick),
@@ -245,7 +276,7 @@ def main() -> int:
                                                  list(yaml.safe_load(OUROBOROS_LR_CONFIG.read_text())["arms"]),
                                                  "steps", seeds, extra, args.jobs),
     }
-    configs = {"long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG,
+    configs = {"long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
                "tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)
                "tutorial_ouroboros_lr": OUROBOROS_LR_CONFIG}
     names = args.only.split(",") if args.only else list(experiments)
@@ -257,6 +288,8 @@ def main() -> int:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         res = done[name] = experiments[name]()
+        if "summary" in res and "curves" in res:   # where each arm stands: tokens per parameter, epochs
+            res["regime"] = regime_record(configs.get(name, CONFIG), res["summary"]["rows"], res["curves"])
         rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name} --device {args.device}",
                    config=yaml.safe_load(configs.get(name, CONFIG).read_text()),
                    seeds=res["summary"]["seeds"] if "summary" in res else seeds,
