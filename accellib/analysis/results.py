@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import repo_root
 from .plotting import X_LABELS, arm_color, arm_linestyle, draw_references
-from .stats import Paired
+from .stats import Paired, Ratio
 
 
 
@@ -145,7 +145,82 @@ PAPER_CLAIMS = {
 }
 
 
-def findings_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
+def regime_line(res: dict, arm: str = "baseline") -> str:
+    """Where an arm of a cached experiment stands: '57,264 parameters (all), 2,867,200 tokens: 50.1 tokens per
+    parameter (2.5x the compute-optimal ~20), 0.63 epochs' (accellib.analysis.regime; `reproduce.py` records it)."""
+    g = res["regime"][arm]
+    return (f"{g['params']:,} parameters (all), {g['tokens']:,} tokens: {g['tokens_per_param']:.1f} tokens per "
+            f"parameter ({g['vs_compute_optimal']:.2g}x the compute-optimal ~20), {g['epochs']:.2f} epochs")
+
+
+def to_target(res: dict, arm: str, x: str = "flops") -> Ratio | None:
+    """An arm's time to target (the papers' metric; `accellib.analysis.stats.to_target`): what it spent, as a ratio
+    to the same seed's baseline, to first reach that baseline's final validation loss; x = "flops" or "wall"."""
+    d = arm_row(res, arm).get("to_target", {}).get(x)
+    return None if d is None else Ratio.from_dict(d)
+
+
+def _short(p) -> str:
+    """A paired gap or a ratio in a table cell: '-0.175 [-0.198, -0.152] wins'."""
+    if p is None:
+        return "—"
+    word = p.verdict.replace("not resolved at", "n.r. at").replace("not resolved", "n.r.")
+    if isinstance(p, Ratio):
+        c = "" if p.reached == p.n else "≥"
+        return f"{c}{p.ratio:.2f}x [{c}{p.lo:.2f}, {c}{p.hi:.2f}] {p.reached}/{p.n} reached, {word}"
+    return f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}] {word}"
+
+
+def regime_table(res: dict, arms: list[str] | None = None) -> str:
+    """An equal-FLOPs experiment, per arm: the papers' metric (FLOPs and wall to the same seed's baseline final
+    loss, ratio [95% interval], seeds that reached it, verdict), and the final-loss gaps to the same-size baseline
+    and to the dense frontier, paired by seed (the one rule of accellib.analysis.stats)."""
+    rows = [r for r in res["summary"]["rows"] if arms is None or r["arm"] in arms]
+    w = max(len(r["arm"]) for r in rows) + 2
+    cells = {r["arm"]: [_short(to_target(res, r["arm"], "flops")), _short(to_target(res, r["arm"], "wall")),
+                        _short(gap(res, r["arm"], "baseline")), _short(gap(res, r["arm"], "frontier"))] for r in rows}
+    heads = ["FLOPs to target", "wall to target", "vs same-size baseline", "vs dense frontier"]
+    ws = [max(len(h), *(len(c[k]) for c in cells.values())) + 2 for k, h in enumerate(heads)]
+    out = [f"{'arm':<{w}}" + "".join(f"{h:<{ws[k]}}" for k, h in enumerate(heads))]
+    for r in rows:
+        out.append(f"{r['arm']:<{w}}" + "".join(f"{c:<{ws[k]}}" for k, c in enumerate(cells[r["arm"]])))
+    return "\n".join(out)
+
+
+TECHNIQUES = ("pld", "sbld", "random_ltd", "multilevel", "pld+random_ltd", "sbld+random_ltd")
+
+
+def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = None) -> str:
+    """The README's findings, made from the cache (a test checks the README and docs/results.md hold exactly this):
+    per technique, what its paper claims; ours in the papers' regime (configs/fixed_size_long.yaml, a model of
+    fixed size trained well past compute-optimal): FLOPs and wall to reach the same-size baseline's final loss, and
+    the equal-FLOPs gaps to the same-size baseline and to the dense frontier; ours at the tutorial budget (an
+    under-trained model): the gaps to the same-size baseline and to the frontier (bracketed by `tut_frontier`, the
+    tutorial_frontier experiment, when given); the GPU column stays "not measured" until a GPU run exists."""
+    from .frontier import joint_frontier
+    tut_rows = {r["arm"]: r for r in (joint_frontier(tut_res, tut_frontier)["rows"] if tut_frontier else
+                                      tut_res["summary"]["rows"])}
+    tut_front = lambda a: Paired.from_dict(tut_rows[a]["vs_frontier"]) if "vs_frontier" in tut_rows.get(a, {}) else None
+    g = lambda res: res["regime"]["baseline"]["tokens_per_param"]
+    n = lambda res: res["summary"]["seeds"]
+    lines = [f"| arm | paper's claim | papers' regime ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
+             "FLOPs to the baseline's loss | wall to it | equal FLOPs: vs same size | vs dense frontier | "
+             f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | GPU |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for a in TECHNIQUES:
+        lines.append(f"| {a} | {PAPER_CLAIMS.get(a, 'not claimed')} | {_short(to_target(long_res, a, 'flops'))} | "
+                     f"{_short(to_target(long_res, a, 'wall'))} | {_short(gap(long_res, a, 'baseline'))} | "
+                     f"{_short(gap(long_res, a, 'frontier'))} | {_short(gap(tut_res, a, 'baseline'))} | "
+                     f"{_short(tut_front(a))} | not measured |")
+    return "\n".join(lines)
+
+
+def _token_ratio(res: dict, arm: str) -> float:
+    """Tokens an arm read over the baseline's, from the experiment's regime record."""
+    return round(res["regime"][arm]["tokens"] / res["regime"]["baseline"]["tokens"], 3)
+
+
+def tutorial_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
     """The README's table of the tutorial comparison, made from the cache (a test checks the README holds
     exactly this): per arm, what its paper claims, the paper's protocol (equal steps) and equal FLOPs, each gap
     paired by seed with its 95% interval and verdict (`accellib.analysis.stats`), beside the dense frontier; step
@@ -160,6 +235,8 @@ def findings_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
     for r in flops_res["summary"]["rows"]:
         a, s = r["arm"], steps_rows.get(r["arm"])
         st = (f"{s['val_loss']:.3f} ± {s['val_loss_sd']:.3f}", short(gap(steps_res, a, "baseline"))) if s else ("—", "—")
+        if s and "regime" in steps_res and (more := _token_ratio(steps_res, a)) != 1.0:
+            st = (st[0], f"{st[1]} (reads {more:.2f}x the baseline's tokens)")   # e.g. the V-cycle's stages
         t = f"{timing[a]:.2f}x" if a in timing else "—"
         claim = PAPER_CLAIMS.get(a, "the control" if a == "baseline" or a.startswith("dense-L") else "not claimed")
         lines.append(f"| {a} | {claim} | {st[0]} | {st[1]} | {r['steps']:.0f} | {r['val_loss']:.3f} ± {r['val_loss_sd']:.3f} | "
