@@ -83,3 +83,47 @@ def test_tensors_compare_exactly_unless_a_tolerance_is_given():
         b = torch.zeros(20)
         assert not check(lambda: torch.cat([b[:15], torch.ones(5)]), lambda: b, [()])
     assert "first difference at index (15,): expected 0, got 1 (5 differ)" in out.getvalue()
+
+
+def _out(fn, *a, **k):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        ok = fn(*a, **k)
+    return ok, buf.getvalue()
+
+
+def test_check_fails_an_answer_that_writes_into_its_input():
+    # each function gets clones: the in-place answer cannot corrupt the reference's inputs, and it is named
+    ref = lambda x, r: x * r
+    def in_place(x, r):
+        x.mul_(r)
+        return x
+    ok, text = _out(check, in_place, ref, [(torch.arange(6.0), 2.0)])
+    assert ok is False and "changed its input `x` in place" in text and "first difference at index (1,)" in text
+    ok, text = _out(check, lambda x, r: x * r, ref, [(torch.arange(6.0), 2.0)])
+    assert ok is True and text.count("\n") == 1          # PASS is one line
+
+
+def test_check_with_grad_fails_an_answer_that_breaks_autograd():
+    ref = lambda x: torch.tanh(x) * 2
+    detached = lambda x: torch.tanh(x.detach()) * 2                       # the same values, no gradient path
+    via_numpy = lambda x: torch.from_numpy(torch.tanh(x).detach().numpy() * 2)
+    wrong_grad = lambda x: (torch.tanh(x) * 2).detach() + 0 * x          # values right, gradient zero
+    x = torch.randn(5)
+    for fn in (detached, via_numpy):
+        ok, text = _out(check, fn, ref, [(x,)], grad=True, atol=1e-6)
+        assert ok is False and "carries no gradient back to `x`" in text, text
+    ok, text = _out(check, wrong_grad, ref, [(x,)], grad=True, atol=1e-6)
+    assert ok is False and "gradient with respect to `x` differs" in text
+    assert _out(check, lambda x: 2 * torch.tanh(x), ref, [(x,)], grad=True, atol=1e-6)[0] is True
+    assert _out(check, detached, ref, [(x,)], atol=1e-6)[0] is True        # without grad=True values decide
+
+
+def test_check_stops_an_answer_that_hangs():
+    def hangs(x):
+        while True:
+            pass
+    import time
+    t0 = time.perf_counter()
+    ok, text = _out(check, hangs, lambda x: x, [(1,)], timeout=0.5)
+    assert ok is False and "did not return within 0.5 s" in text and time.perf_counter() - t0 < 5
