@@ -135,6 +135,40 @@ def plot_arms(res: dict, arms: list[str], xs=("flops", "wall"), references: dict
     return fig
 
 
+def plain_profile(*results: dict) -> dict[str, dict]:
+    """The IsoFLOP profile of equal-FLOPs results that share a budget (and their baseline runs): per plain arm
+    (baseline, dense-*), its parameters (all), tokens per parameter, per-seed final losses, mean and SE, sorted by
+    size; an arm in several results is taken from the last."""
+    from .stats import mean_se
+    out = {}
+    for res in results:
+        for r in res["summary"]["rows"]:
+            a = r["arm"]
+            if a == "baseline" or a.startswith("dense-L"):
+                g = res["regime"][a]
+                m, se = mean_se(r["val_losses"])
+                out[a] = dict(params=g["params"], tokens_per_param=g["tokens_per_param"], losses=r["val_losses"],
+                              loss=m, se=se, steps=r["steps"])
+    return dict(sorted(out.items(), key=lambda kv: kv[1]["params"]))
+
+
+def plot_profile(ax, profile: dict[str, dict], label: str, color: str = "#555555", marker: str = "o"):
+    """One IsoFLOP curve on `ax`: final loss (mean ± SE, seeds as dots) against parameters (all, log axis), the
+    baseline starred, each point labelled by its shape (L<blocks>[-d<width>])."""
+    xs = [p["params"] for p in profile.values()]
+    for a, p in profile.items():
+        ax.scatter([p["params"]] * len(p["losses"]), p["losses"], s=8, color=arm_color(a), alpha=0.5)
+        ax.annotate(a.replace("dense-", "") if a != "baseline" else "baseline", (p["params"], p["loss"]),
+                    textcoords="offset points", xytext=(4, 5), fontsize=7)
+    ax.errorbar(xs, [p["loss"] for p in profile.values()], yerr=[p["se"] for p in profile.values()], color=color,
+                marker=marker, ms=4, capsize=3, label=label)
+    b = profile["baseline"]
+    ax.plot([b["params"]], [b["loss"]], "*", ms=13, color=arm_color("baseline"), mec="white", zorder=5)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters N (all)")
+    ax.set_ylabel("final val loss (nats/token)")
+
+
 # What each paper reports for its own setting (the sources in shared/seeds and each notebook's header), beside our
 # tutorial-scale measurements in the README's findings table
 PAPER_CLAIMS = {
