@@ -4,7 +4,8 @@ machine, wall time of the experiment).
 
     python benchmarks/reproduce.py                       # every experiment, jobs = CPU cores
     python benchmarks/reproduce.py --only tutorial_flops --jobs 2
-    python benchmarks/reproduce.py --quick               # smoke run: 2 seeds, 40 steps, nothing written to results/
+    python benchmarks/reproduce.py --quick               # smoke run: 2 seeds, 40 steps; its records go to
+                                                         # runs/reproduce_quick/, nothing to results/
     python benchmarks/reproduce.py --reanalyse tutorial_steps   # re-judge a cached experiment's stored per-seed
                                                          # losses by today's summary code (paired gaps), no training
 
@@ -296,8 +297,8 @@ def main() -> int:
                    wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
                    environment=environment(), **res)
         print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")
-        if not args.quick:
-            write_json(ROOT / "results" / f"{name}.json", rec)
+        # a smoke run's record goes beside its runs (runs/reproduce_quick/<name>.json), never into results/
+        write_json((runs if args.quick else ROOT / "results") / f"{name}.json", rec)
     return 0
 
 
