@@ -877,6 +877,9 @@ def summary(c: Check) -> None:
                   f"{m.get('seconds', 0):>7.1f}")
     for name, why in d["skipped"].items():
         print(f"  skipped {name}: {why}")
+    if c.args.smoke and d["verdicts"]:
+        print("  (smoke run: a toy model for a few steps on a CPU; the verdicts below only show that the check's "
+              "machinery works, their numbers say nothing about a GPU)")
     for v in d["verdicts"]:
         word = "NOT MEASURED" if v["passed"] is None else ("PASS" if v["passed"] else "MISSED")
         meas = v["measured"]

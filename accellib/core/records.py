@@ -33,7 +33,8 @@ def git_commit() -> str | None:
 def environment(accelerator=None) -> dict:
     """What ran: Python, platform, package versions, the git commit, and torch's build: its full version
     (`torch`, with the local tag, e.g. 2.11.0+cu130, which the package metadata in `versions` lacks) and,
-    with a CUDA GPU, the CUDA runtime torch was built with, the NVIDIA driver and NCCL (None on a CPU)."""
+    with a CUDA GPU, the CUDA runtime torch was built with, the NVIDIA driver and NCCL (None on a CPU); with the
+    run's accelerator, its device, processes, mixed precision and distributed type (DDP or FSDP)."""
     env = dict(python=sys.version.split()[0], platform=platform.platform(),
                torch_threads=torch.get_num_threads(), git_commit=git_commit(),
                versions={p: _version(p) for p in PACKAGES}, **torch_build())
@@ -41,7 +42,8 @@ def environment(accelerator=None) -> dict:
         env["gpu"] = torch.cuda.get_device_name(0)
     if accelerator is not None:
         env.update(device=str(accelerator.device), num_processes=accelerator.num_processes,
-                   mixed_precision=str(accelerator.mixed_precision))
+                   mixed_precision=str(accelerator.mixed_precision),
+                   distributed_type=accelerator.distributed_type.value)   # NO, MULTI_GPU (DDP), MULTI_CPU, FSDP
     return env
 
 
