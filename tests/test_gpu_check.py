@@ -24,7 +24,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable)
 SMOKE = [sys.executable, "benchmarks/gpu_check.py", "--smoke"]
 
 
-def run(cmd: list[str], env=None, timeout: int = 400) -> subprocess.CompletedProcess:
+def run(cmd: list[str], env=None, timeout: int = 540) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -106,13 +106,13 @@ def test_no_torch_is_told_apart_from_no_gpu(tmp_path):
     (bin_ / "python3").chmod(0o755)
     env = {k: v for k, v in ENV.items() if k != "PYTHON"}
     env["PATH"] = f"{bin_}{os.pathsep}{os.environ['PATH']}"
-    p = run(["bash", "benchmarks/gpu_check.sh"], env=env, timeout=60)
+    p = run(["bash", "benchmarks/gpu_check.sh"], env=env, timeout=300)
     assert p.returncode == 1 and p.stdout == ""
     line = p.stderr.strip()
     assert line.splitlines() == [line] and "has no torch" in line and "no CUDA GPU" not in line, line
     if torch.cuda.is_available():
         pytest.skip("the no-GPU message needs a machine without CUDA")
-    p = run(["bash", "benchmarks/gpu_check.sh"], timeout=120)
+    p = run(["bash", "benchmarks/gpu_check.sh"], timeout=300)
     assert p.returncode == 1 and p.stdout == ""
     line = p.stderr.strip()
     assert line.splitlines() == [line] and "no CUDA GPU is visible" in line and "no torch" not in line, line
@@ -130,7 +130,7 @@ def test_a_deadline_skips_the_parts_and_says_which(tmp_path):
     """A 1-second deadline: the environment is recorded (it always is), every other part is skipped, by name,
     on the console and in the JSON, and the exit status is 0."""
     out = tmp_path / "late.json"
-    p = run(SMOKE + ["--deadline", "1", "--out", str(out)], timeout=120)
+    p = run(SMOKE + ["--deadline", "1", "--out", str(out)], timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     rec = json.loads(out.read_text())
     assert rec["finished"] and list(rec["parts"]) == ["environment"] and not rec["arms"]
@@ -180,7 +180,7 @@ def test_carried_wheels_install_into_a_temporary_folder_and_a_missing_one_is_one
             "print(json.dumps(gpu_check.setup_torchao(Path({w!r}), Path({t!r}))))")
     args = dict(b=str(ROOT / "benchmarks"), r=str(ROOT), t=str(tmp_path))
     env = dict(ENV, PYTHONNOUSERSITE="1")
-    p = run([sys.executable, "-c", code.format(w=str(empty), **args)], env=env, timeout=120)
+    p = run([sys.executable, "-c", code.format(w=str(empty), **args)], env=env, timeout=300)
     info = json.loads(p.stdout.strip().splitlines()[-1])
     if info["source"] == "installed":
         pytest.skip("torchao is installed here")
@@ -193,7 +193,7 @@ def test_carried_wheels_install_into_a_temporary_folder_and_a_missing_one_is_one
         z.writestr("torchao-0.0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                                     "Tag: py3-none-any\n")
         z.writestr("torchao-0.0.1.dist-info/RECORD", "")
-    p = run([sys.executable, "-c", code.format(w=str(whl), **args)], env=env, timeout=120)
+    p = run([sys.executable, "-c", code.format(w=str(whl), **args)], env=env, timeout=300)
     info = json.loads(p.stdout.strip().splitlines()[-1])
     assert info["version"] == "0.0.1+standin" and info["reason"] is None, info
     assert "torchao-0.0.1-py3-none-any.whl" in info["source"]
