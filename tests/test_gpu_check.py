@@ -32,7 +32,7 @@ def run(cmd: list[str], env=None, timeout: int = 540) -> subprocess.CompletedPro
 def missed(tmp_path_factory):
     """One smoke run of two arms whose MFU target (200%) cannot be met: (process, JSON)."""
     out = tmp_path_factory.mktemp("gc") / "missed.json"
-    p = run(SMOKE + ["--arms", "baseline,pld", "--mfu-target", "2.0", "--out", str(out)])
+    p = run(SMOKE + ["--arms", "baseline,pld", "--mfu-target", "2.0", "--deadline", "540", "--out", str(out)], timeout=590)
     return p, json.loads(out.read_text())
 
 
