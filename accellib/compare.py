@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from . import prog
 from .drivers.arms import (CONTROLS, DENSE, arm_configs, baseline_arm, check_data, check_same_data, is_dense,
                            is_plain, load_arms, plan_runs)
 from .analysis.frontier import frontier, frontier_edge, paired_gaps  # noqa: F401 (the frontier rule, re-exported)
@@ -298,7 +299,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m accellib.compare", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("compare"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/tutorial.yaml")
     ap.add_argument("--out", default="runs/quickstart")

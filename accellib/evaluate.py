@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import install_hint, prog
 from .core.options import ConfigError
 from .models.hf_gpt2 import ExportError, quiet_transformers
 from .export import export_run
@@ -162,7 +163,7 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError:
-        raise EvaluateError("lm-evaluation-harness is missing: pip install -e '.[hf]'") from None
+        raise EvaluateError(f"lm-evaluation-harness is missing: {install_hint('hf')}") from None
     from .core.run_dir import lock_run, unlock_run
     if not (run_dir / "record.json").is_file():
         raise EvaluateError(f"{run_dir} has no record.json: evaluate a finished run (python -m accellib.train "
@@ -294,7 +295,7 @@ def _store(run_dir: Path, out: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m accellib.evaluate", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=prog("evaluate"), description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a finished run folder (accellib.train or one compare arm)")
     ap.add_argument("--tasks", default=",".join(LOCAL_TASKS),

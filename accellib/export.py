@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from . import prog
 from .core.options import ConfigError
 from .core.config import load_config
 from .models.hf_gpt2 import (ExportError, _transformers, check_exportable, gpt2_config, quiet_transformers,
@@ -213,7 +214,7 @@ def max_logit_diff(model: Transformer, hf_dir: Path, m: ModelConfig, n: int = 4,
 
 # ----------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m accellib.export", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=prog("export"), description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a run folder written by accellib.train (or a compare arm's folder)")
     ap.add_argument("--out", required=True, help="the transformers folder to write (replaced whole if it is an export)")

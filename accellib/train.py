@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import prog
 from .core.options import ConfigError
 from .core.config import RunConfig, help_text, load_config, read_yaml
 from .data.tokens import DataError
@@ -139,7 +140,7 @@ def report(e: Exception) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m accellib.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("train"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="options (--section.key=value):\n" + help_text())
     ap.add_argument("--config", help="YAML config (see configs/)")
