@@ -37,7 +37,8 @@ from .core.config import RunConfig, load_config
 from .core.tasks import make_task
 from .core.records import read_metrics, read_record, write_json
 from .core.launch import process_state
-from .core.run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
+from .core.run_dir import (LOCK, file_lock, has_checkpoint, holds_run, is_comparison, is_cwd, main_decides, make_folder,
+                            write_marker)
 from .analysis.stats import Paired, mean_sd, to_target
 from .train import USER_ERRORS, report, training_function
 
@@ -58,11 +59,18 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
     when the folder holds arms and neither --resume nor --overwrite says what to do with them)."""
     if resume and overwrite:
         raise ConfigError("--resume keeps finished arms and --overwrite replaces them; choose one")
+    if is_cwd(out):
+        raise ConfigError(f"--out {out} is the current folder; give the comparison a folder of its own, "
+                          "e.g. --out runs/quickstart")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the comparison")
     if holds_run(out) or (out / LOCK).exists():  # a training's files, or a training taking the folder now
         raise ConfigError(f"{out} is the folder of a training run, not of a comparison; give the comparison "
                           "a folder of its own with --out")
+    if out.is_dir() and not is_comparison(out) and (stray := sorted(p.name for p in out.iterdir())):
+        raise ConfigError(f"{out} holds files accellib did not write ({', '.join(stray[:3])}"
+                          f"{', ...' if len(stray) > 3 else ''}); a comparison needs a new or empty folder, or one "
+                          "of its own: choose another --out")
     held = [n for n in cfgs if holds_run(out / n)]
     if resume and not held and not (out / "budget.json").is_file():
         raise ConfigError(f"{out} holds no comparison to resume; check --out, or start the comparison "
@@ -138,14 +146,16 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     def decide():
         try:
             check_budget(out, budget, seeds, overwrite)
-            return None, arm_states(out, runs, resume, overwrite)
+            states = arm_states(out, runs, resume, overwrite)
+            make_folder(out)  # (a folder that cannot be created says so here, before anything is trained)
+            return None, states
         except ConfigError as e:
             return str(e), None
     err, states = main_decides(decide)
     if err:
         raise ConfigError(err)
     if ps.is_main_process:  # merged with what other invocations (e.g. `--arms pld`, in parallel) stored
-        out.mkdir(parents=True, exist_ok=True)
+        write_marker(out, "comparison")
         with file_lock(out / ".budget.lock"):
             now = json.loads(bfile.read_text()) if bfile.is_file() else {}
             if (now.get("budget"), now.get("seeds")) == (budget, seeds):

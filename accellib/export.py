@@ -44,10 +44,9 @@ from .models.hf_gpt2 import (ExportError, _transformers, check_exportable, gpt2_
                              to_gpt2_state)
 from .models.transformer import ModelConfig, Transformer
 from .data import atomic_folder
-from .core.run_dir import checkpoint_folder, checkpoint_layout
+from .core.run_dir import EXPORT_FILES, checkpoint_folder, checkpoint_layout
 
-FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json", "chat_template.jinja", "accellib_export.json"}
+FILES = EXPORT_FILES  # what an export folder holds (run_dir knows them: an --overwrite of the run keeps anything else)
 MAX_LOGIT_DIFF = 1e-4  # an export whose logits differ more from accellib's is not written
 
 
@@ -140,6 +139,11 @@ def export_run(run_dir: str | Path, out: str | Path, data: str | Path | None = N
     tokenizer whose folder is gone)."""
     run_dir, out = Path(run_dir), Path(out)
     _transformers()  # a one-line error before anything else needs it
+    try:  # where the export goes can be written (before the model is read)
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"--out {out} cannot be created ({e.strerror or type(e).__name__}); give a folder you "
+                          "can write to") from None
     cfg, sd, step = run_weights(run_dir)
     if data is not None and not Path(data).is_dir():
         raise ExportError(f"--data {data} does not exist; give the folder the run's corpus ({cfg.data.path}) "
@@ -172,6 +176,9 @@ def export_run(run_dir: str | Path, out: str | Path, data: str | Path | None = N
             (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
     except FileExistsError as e:  # `out` holds files that are not an export
         raise ExportError(str(e)) from None
+    except OSError as e:  # no permission, a file where a folder should be, a full disk
+        raise ExportError(f"--out {out} cannot be written ({e.strerror or type(e).__name__}); give a folder you "
+                          "can write to") from None
     return info
 
 

@@ -22,7 +22,7 @@ from .core.options import ConfigError
 from .core.config import RunConfig, help_text, load_config, read_yaml
 from .data.tokens import DataError
 from .core.launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
-from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
+from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run, write_marker
 from .models.transformer import num_params
 from .core.trainer import Trainer, TrainingError
 
@@ -66,6 +66,7 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
             return str(e)
         if overwrite and holds_run(out):
             clear_run(out)
+        write_marker(out, "run")  # the folder is accellib's run
         return None
     err = main_decides(decide)
     if err:

@@ -227,3 +227,22 @@ def test_a_tracker_project_that_leaves_the_run_folder_is_one_line(project, tiny_
                    ["--log.trackers=tensorboard", f"--log.project={project}"])
     assert f"log.project={project!r}" in err and "plain name" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- issue 36 item 6
+def _cmp_yaml(tmp_path, data_dir):
+    from test_nothing_lost import _small_yaml
+    return _small_yaml(tmp_path, data_dir)
+
+
+def test_an_out_that_cannot_be_created_is_one_line(tiny_data_dir, tmp_path, capsys):
+    # before: NotADirectoryError tracebacks from train and compare
+    from accellib.compare import main as compare_main
+    (tmp_path / "f").write_text("keep me")
+    err = one_line(capsys, ["--out", str(tmp_path / "f" / "run")] + tiny_overrides(tiny_data_dir))
+    assert "cannot be created" in err and "--out" in err
+    assert compare_main(["--config", str(_cmp_yaml(tmp_path, tiny_data_dir)), "--out", str(tmp_path / "f" / "cmp"),
+                         "--arms", "baseline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "cannot be created" in err and "\n" not in err, err
+    assert (tmp_path / "f").read_text() == "keep me"

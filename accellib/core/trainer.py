@@ -29,7 +29,7 @@ from .config import RunConfig, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import fsdp_requested, make_accelerator, tracking_kwargs
 from ..models.transformer import Plan
-from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout
+from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout, write_marker
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -604,6 +604,7 @@ class Trainer:
             if self.is_main:  # drop log lines written after the checkpoint
                 _truncate_metrics(self.out / "metrics.jsonl", st.step)
         elif self.out is not None and self.is_main:
+            write_marker(self.out, "run")  # the folder is accellib's run (run_dir.holds_run)
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             (self.out / "metrics.jsonl").write_text("")
         self.accelerator.wait_for_everyone()
