@@ -66,9 +66,11 @@ class TrainConfig:
                                choices=["inductor", "aot_eager", "eager"], resume=True)
     peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "
                             "accellib/core/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0, resume=True)
-    stop_on_divergence: bool = opt(False, "stop the run (one-line error, the last checkpoint kept) at a log step whose "
-                                   "training loss is over 1 nat above the lower of its best so far and the uniform "
-                                   "prediction's; false = a warning on the console and in metrics.jsonl", resume=True)
+    stop_on_divergence: bool = opt(False, "a log step whose training loss is over 1 nat above the lower of its best so "
+                                   "far and the uniform prediction's is flagged (a warning); true = evaluate it at once and "
+                                   "stop (one line, with the command that goes on) when the validation loss is also over 1 "
+                                   "nat above its best, and write checkpoints only while nothing is flagged and after the "
+                                   "same validation check, so the one kept is from before the divergence", resume=True)
     flops_budget: float = opt(0.0, "also stop once the training FLOPs (all processes) reach this; 0 = off "
                               "(compare --budget flops sets it to the baseline's)", min=0.0)
 
