@@ -44,7 +44,7 @@ from .models.hf_gpt2 import (ExportError, _transformers, check_exportable, gpt2_
                              to_gpt2_state)
 from .models.transformer import ModelConfig, Transformer
 from .data import atomic_folder
-from .core.run_dir import EXPORT_FILES, checkpoint_folder, checkpoint_layout
+from .core.run_dir import EXPORT_FILES, checkpoint_folder, checkpoint_layout, checkpoint_state
 
 FILES = EXPORT_FILES  # what an export folder holds (run_dir knows them: an --overwrite of the run keeps anything else)
 MAX_LOGIT_DIFF = 1e-4  # an export whose logits differ more from accellib's is not written
@@ -81,7 +81,7 @@ def run_weights(run_dir: Path) -> tuple[object, dict, int]:
     except Exception as e:
         raise ExportError(f"{f} cannot be read ({type(e).__name__}); restore it or train the run again") from None
     if step is None:
-        step = _checkpoint_step(f.parent)
+        step = checkpoint_state(f.parent).get("step")
     return cfg, {k: v.float() for k, v in sd.items()}, step
 
 
@@ -103,14 +103,6 @@ def model_state_dict(f: Path) -> dict:
             sd = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=True)
         return sd["model"]  # Accelerate saves {"model": state_dict}
     return torch.load(f, map_location="cpu", weights_only=True)
-
-
-def _checkpoint_step(ck: Path) -> int | None:
-    """The TrainState's step from an Accelerate checkpoint folder (custom_checkpoint_0.pkl), if readable."""
-    try:
-        return int(torch.load(ck / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)["step"])
-    except Exception:
-        return None
 
 
 def lowp_note(cfg) -> tuple[dict | None, str | None]:

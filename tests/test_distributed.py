@@ -60,6 +60,7 @@ def test_torchrun_cli_two_processes(tiny_data_dir, tmp_path):
     assert "2 process(es)" in p.stdout and p.stdout.count("final:") == 1
     rec = json.loads((tmp_path / "run" / "record.json").read_text())
     assert rec["environment"]["num_processes"] == 2
+    assert "2 process(es), DDP" in p.stdout and rec["distributed"]["type"] == "DDP" and rec["distributed"]["world_size"] == 2
 
 
 @pytest.mark.timeout(120)

@@ -441,3 +441,24 @@ def test_compare_into_a_folder_of_the_users_files_is_refused(tiny_data_dir, tmp_
         assert compare_main(["--config", str(cfg), "--out", str(d), "--arms", "baseline", *extra]) == 2
         assert "accellib did not write" in capsys.readouterr().err
     assert {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} == set(files)
+
+# ----------------------------------------------------------------------------- issue 36: a resume's options
+def test_a_plain_resume_continues_with_the_last_resumes_options(tiny_cfg, tmp_path, capsys):
+    # issue 36 item 3: before, a plain --resume after `--resume --optim.lr=1e-3` went back to config.yaml's LR
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 4, "train.checkpoint_every": 2}), run)
+    capsys.readouterr()
+    assert main(["--resume", str(run), "--train.steps=6", "--optim.lr=0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from step 4" in out and "optim.lr=0.001, train.steps=6 (from this command)" in out, out
+    assert main(["--resume", str(run), "--train.steps=8"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from step 6" in out and "optim.lr=0.001 (kept from its last resume" in out, out
+    assert "train.steps=8 (from this command)" in out
+    from accellib.core.schedules import WarmupCosine
+    after = [r for r in read_metrics(run) if r["step"] > 6]              # before: the cosine of config.yaml's 5e-3
+    assert after and all(r["lr"] == pytest.approx(WarmupCosine(0.001, 2, 8, 0.1).at(r["step"] - 1)) for r in after)
+    assert [r["changes"] for r in json.loads((run / "record.json").read_text())["resumes"]] == \
+        [{"optim.lr": [0.005, 0.001], "train.steps": [4, 6]}, {"optim.lr": [0.005, 0.001], "train.steps": [4, 8]}]
+    assert main(["--resume", str(run), "--train.steps=9", "--optim.lr=0.005"]) == 0   # set back explicitly
+    assert "optim.lr" not in capsys.readouterr().out.splitlines()[0]

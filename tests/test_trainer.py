@@ -26,6 +26,7 @@ def test_loss_decreases_and_outputs_written(tiny_cfg, tmp_path):
     assert recs[-1]["tokens"] == 30 * 16 * 32
     rec = read_record(tmp_path / "run")
     assert rec["final"]["val_loss"] == final["val_loss"] and rec["environment"]["versions"]["torch"]
+    assert rec["distributed"] == {"type": "single process", "world_size": 1, "backend": "NO"}
     for f in ("config.yaml", "loss.png", "checkpoints/last"):
         assert (tmp_path / "run" / f).exists()
 
@@ -185,3 +186,15 @@ def test_a_divergence_before_any_checkpoint_advises_a_start_that_works(tiny_data
     assert "--overwrite" in advice
     assert main(advice) == 0
     assert read_record(run)["final"]["step"] == DIVERGE["train.steps"]
+
+def test_the_distributed_setup_is_named():
+    # issue 36: the record and the console did not say DDP or FSDP (and which state-dict type) nor the world size
+    from types import SimpleNamespace as NS
+    from accellib.core.launch import distributed_setup
+    kind = lambda v: NS(value=v)  # noqa: E731
+    fsdp = NS(is_fsdp2=True, num_processes=8, distributed_type=kind("FSDP"),
+              state=NS(fsdp_plugin=NS(state_dict_type=NS(name="SHARDED_STATE_DICT"))))
+    assert distributed_setup(fsdp) == {"type": "FSDP2 SHARDED_STATE_DICT", "world_size": 8, "backend": "FSDP"}
+    ddp = NS(is_fsdp2=False, num_processes=2, distributed_type=kind("MULTI_CPU"))
+    assert distributed_setup(ddp)["type"] == "DDP"
+    assert distributed_setup(ddp, NS(name="ouroboros"))["type"] == "ouroboros engine"

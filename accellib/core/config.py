@@ -263,6 +263,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     return apply_dict(cfg, parse_overrides(overrides or []))
 
 
+def changed_options(stored: str | Path, cfg: RunConfig) -> dict:
+    """{"section.key": value} where `cfg` differs from the config file `stored` (a run's config.yaml), model.vocab_size
+    aside (the data fills it in): what a resume changed."""
+    old, new = load_config(stored).to_dict(), cfg.to_dict()
+    return {f"{s}.{k}": new[s][k] for s, d in old.items() for k, v in d.items()
+            if new[s][k] != v and (s, k) != ("model", "vocab_size")}
+
+
 def validate(cfg: RunConfig) -> None:
     m = cfg.model
     if m.d_model % m.n_head:

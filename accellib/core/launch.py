@@ -176,6 +176,20 @@ def fsdp_plugin(env=None):
                                           mixed_precision_policy=MixedPrecisionPolicy())
 
 
+def distributed_setup(acc, engine=None) -> dict:
+    """How a run is split over its processes: {"type": "single process" | "DDP" | "FSDP2 SHARDED_STATE_DICT" |
+    "FSDP2 FULL_STATE_DICT" | "<engine> engine", "world_size": N, "backend": Accelerate's distributed type}."""
+    if getattr(acc, "is_fsdp2", False):
+        kind = f"FSDP2 {acc.state.fsdp_plugin.state_dict_type.name}"
+    elif engine is not None:
+        kind = f"{engine.name} engine"
+    elif acc.num_processes > 1:
+        kind = "DDP"
+    else:
+        kind = "single process"
+    return dict(type=kind, world_size=acc.num_processes, backend=acc.distributed_type.value)
+
+
 def _fsdp_on_cpu(acc, plugin) -> None:
     """Accelerate 1.15 builds FSDP only for accelerators (state.py: the plugin is kept for MULTI_GPU and the like),
     so on CPU processes (gloo) it would silently train DDP. Torch's fully_shard runs on gloo, and Accelerate's

@@ -159,6 +159,17 @@ def checkpoint_layout(src: Path) -> tuple[str, Path] | None:
     return None
 
 
+def checkpoint_state(ck: Path) -> dict:
+    """The training state (step, counters, resumes) in the checkpoint folder `ck`: the trainer registers its TrainState
+    first, so Accelerate saves it as custom_checkpoint_0.pkl. {} when it cannot be read."""
+    import torch
+    try:
+        d = torch.load(Path(ck) / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)
+    except Exception:  # missing or damaged: whoever loads the checkpoint says so
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
 def has_checkpoint(out: Path) -> bool:
     return checkpoint_folder(out) is not None or (out / "vcycle.json").exists()
 

@@ -25,9 +25,9 @@ import yaml
 from tqdm.auto import tqdm
 
 from .options import ConfigError
-from .config import RunConfig, load_config
+from .config import RunConfig, changed_options, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
-from .launch import fsdp_requested, make_accelerator, tracking_kwargs
+from .launch import distributed_setup, fsdp_requested, make_accelerator, tracking_kwargs
 from ..models.transformer import Plan
 from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout, write_marker
 from .schedules import WarmupCosine
@@ -196,6 +196,10 @@ class Trainer:
     @property
     def raw_model(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.model)
+
+    def distributed(self) -> dict:
+        """How this run is split over processes, for the console and record.json (core/launch.py distributed_setup)."""
+        return distributed_setup(self.accelerator, self.engine)
 
     @property
     def is_main(self) -> bool:
@@ -579,15 +583,17 @@ class Trainer:
             self.accelerator.log({k: v for k, v in rec.items() if k != "step" and _is_number(v)}, step=rec["step"])
 
     def _note_resume(self) -> None:
-        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml."""
+        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml, and in
+        the run's marker the options it set, which the next plain --resume keeps (accellib/train.py resume_config)."""
         stored = self.out / "config.yaml"
         if not stored.is_file():
             return
-        old, new = load_config(stored).to_dict(), self.cfg.to_dict()
-        changes = {f"{s}.{k}": [v, new[s][k]] for s, d in old.items() for k, v in d.items()
-                   if new[s][k] != v and (s, k) != ("model", "vocab_size")}
+        old, now = load_config(stored).to_dict(), changed_options(stored, self.cfg)
+        changes = {k: [old[k.split(".")[0]][k.split(".", 1)[1]], v] for k, v in now.items()}
         if changes != (self.state.resumes[-1]["changes"] if self.state.resumes else {}):
             self.state.resumes.append(dict(step=self.state.step, changes=changes))
+        if self.is_main:
+            write_marker(self.out, "run", resume=now)
 
     def _start_trackers(self, resume: bool) -> None:
         """Start log.trackers for this fit (Accelerate does it on the main process only), with the run's
@@ -656,13 +662,15 @@ class Trainer:
             self._note_resume()
             if self.is_main:  # drop log lines written after the checkpoint
                 _truncate_metrics(self.out / "metrics.jsonl", st.step)
+            self.accelerator.print(f"resumed from step {st.step}", flush=True)
         elif self.out is not None and self.is_main:
             write_marker(self.out, "run")  # the folder is accellib's run (run_dir.holds_run)
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             (self.out / "metrics.jsonl").write_text("")
         self.accelerator.wait_for_everyone()
         self._start_trackers(resume)
-        self.accelerator.print(f"accellib: {self.accelerator.num_processes} process(es) on "
+        dist = self.distributed()
+        self.accelerator.print(f"accellib: {dist['world_size']} process(es), {dist['type']}, on "
                                f"{self.accelerator.device}, techniques: {[x.name for x in self.techniques] or 'none'}")
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
                    desc="train", dynamic_ncols=True)
