@@ -120,6 +120,38 @@ def check_budget(out: Path, budget: str, seeds: int, overwrite: bool) -> None:
                           "or replace the comparison with --overwrite (or choose another --out)")
 
 
+def check_arm_names(arms: list[str] | None) -> None:
+    """--arms names each arm once, and at least one (one line otherwise: both used to run silently)."""
+    if arms is None:
+        return
+    if not [a for a in arms if a.strip()] or any(not a.strip() for a in arms):
+        raise ConfigError(f"--arms {','.join(arms)!r} names an empty arm; give comma-separated arm names, e.g. "
+                          "--arms baseline,pld (or leave --arms out to train every arm of the config)")
+    twice = sorted({a for a in arms if arms.count(a) > 1})
+    if twice:
+        raise ConfigError(f"--arms names {', '.join(twice)} more than once; name each arm once")
+
+
+FEW_STEPS = 0.25  # an arm given under this fraction of the baseline's steps is named (few_steps)
+
+
+def few_steps(runs: dict[str, RunConfig], plan: dict) -> list[str]:
+    """A warning line per arm that its budget gives too few steps to say anything: under FEW_STEPS of the
+    baseline's steps, or not even its LR warm-up (e.g. dense-L99 at the baseline's FLOPs)."""
+    lines = []
+    for label, cfg in runs.items():
+        arm = label.split("/")[0]
+        p = plan["per_seed"].get("0", {})
+        n, n0 = cfg.train.steps, p.get("baseline_steps") or p.get("steps", {}).get(plan["baseline"])
+        if arm == plan["baseline"] or n0 is None or label != (arm if plan["seeds"] == 1 else f"{arm}/seed{plan['seed0']}"):
+            continue
+        if n < FEW_STEPS * n0 or n <= cfg.optim.warmup_steps:
+            lines.append(f"warning: arm {arm} gets {n} optimizer step(s) at equal {plan['budget']} (the baseline {n0}; "
+                         f"its LR warm-up is {cfg.optim.warmup_steps}), too few to say anything about it; drop it, "
+                         "or compare at another budget")
+    return lines
+
+
 def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
              overrides: list[str] | None = None, overwrite: bool = False, resume: bool = False,
              budget: str = "steps", seeds: int = 1, control: str = "none") -> dict[str, dict]:
@@ -128,6 +160,7 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     out = Path(out)
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    check_arm_names(arms)
     cfgs = arm_configs(config, arms, overrides, control)
     ps = process_state(next(iter(cfgs.values())).train.device)  # launch/device errors before data errors
     check_data(cfgs)
@@ -142,6 +175,9 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     if ps.num_processes > 1:
         check_same_data(cfgs if base_cfg is None else {base: base_cfg, **cfgs}, ps.num_processes)
     runs, plan = plan_runs(cfgs, seeds, budget, ps.num_processes, stored, base_cfg)
+    if ps.is_main_process:
+        for line in few_steps(runs, plan):
+            print(line, flush=True)
 
     def decide():
         try:
@@ -331,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lm-eval-limit", type=int, default=None, metavar="N", help="documents per lm-eval task")
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
-        results = run_arms(args.config, args.out, args.arms.split(",") if args.arms else None,
+        results = run_arms(args.config, args.out, args.arms.split(",") if args.arms is not None else None,
                            overrides, args.overwrite, args.resume, args.budget, args.seeds, args.control)
     except USER_ERRORS as e:
         return report(e)

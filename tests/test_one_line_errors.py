@@ -246,3 +246,38 @@ def test_an_out_that_cannot_be_created_is_one_line(tiny_data_dir, tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "cannot be created" in err and "\n" not in err, err
     assert (tmp_path / "f").read_text() == "keep me"
+
+@pytest.mark.parametrize("arms,msg", [("baseline,baseline", "more than once"), ("", "names an empty arm"),
+                                      ("baseline,", "names an empty arm")])
+def test_compare_arms_named_twice_or_none_are_one_line(arms, msg, tiny_data_dir, tmp_path, capsys):
+    # before: both ran silently (--arms "" trained every arm)
+    from accellib.compare import main as compare_main
+    out = tmp_path / "cmp"
+    assert compare_main(["--config", str(_cmp_yaml(tmp_path, tiny_data_dir)), "--out", str(out), "--arms", arms]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_dense_arms_of_a_fixed_size_model_are_refused(digits_dir, tmp_path, capsys):
+    # issue 36 item 4: before, --control dense on the digits CNN trained dense-L1..L3 as byte-identical copies of the
+    # baseline (the CNN ignores n_layer), and the table called them 1-3-block models
+    from accellib.compare import main as compare_main
+    for extra in (["--control", "dense"], ["--arms", "baseline,dense-L2"]):
+        assert compare_main(["--config", str(ROOT / "configs" / "digits_cnn.yaml"), "--out", str(tmp_path / "c"),
+                             f"--data.path={digits_dir}", "--train.steps=2", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "fixed size" in err and "model.kind=cnn" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_arm_with_almost_no_steps_is_named(tiny_data_dir, tmp_path, capsys):
+    # issue 36 item 6: before, dense-L99 at the baseline's FLOPs got a couple of steps without a word
+    from accellib.compare import main as compare_main
+    argv = ["--config", str(_cmp_yaml(tmp_path, tiny_data_dir)), "--out", str(tmp_path / "cmp"), "--budget", "flops",
+            "--arms", "baseline,dense-L40", "--train.steps=20"]
+    assert compare_main(argv) == 0
+    out = capsys.readouterr().out
+    warned = [ln for ln in out.splitlines() if ln.startswith("warning: arm dense-L40")]
+    assert len(warned) == 1 and "too few" in warned[0] and "the baseline 20" in warned[0], out
+    assert "warning: arm baseline" not in out
