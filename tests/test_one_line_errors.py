@@ -281,3 +281,15 @@ def test_an_arm_with_almost_no_steps_is_named(tiny_data_dir, tmp_path, capsys):
     warned = [ln for ln in out.splitlines() if ln.startswith("warning: arm dense-L40")]
     assert len(warned) == 1 and "too few" in warned[0] and "the baseline 20" in warned[0], out
     assert "warning: arm baseline" not in out
+
+def test_token_ids_are_checked_without_a_checksum(tiny_data_dir, tmp_path, capsys):
+    # before: a meta.json without sha256 skipped the id check, so ids >= vocab_size ended in an IndexError
+    import json
+    d = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, d)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "sha256"} | {"vocab_size": 100}))
+    (d / ".verified.json").unlink(missing_ok=True)
+    err = one_line(capsys, ["--out", str(tmp_path / "r")] + tiny_overrides(d))
+    assert "holds token id" in err and "vocab_size is 100" in err
+    assert not (tmp_path / "r").exists()
