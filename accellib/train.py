@@ -21,7 +21,7 @@ from . import prog
 from .core.options import ConfigError
 from .core.config import RunConfig, changed_options, help_text, load_config, read_yaml
 from .data.tokens import DataError
-from .core.launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
+from .core.launch import LaunchError, fsdp_requested, process_state, tell_elastic_launcher
 from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run, write_marker
 from .models.transformer import num_params
 from .core.trainer import Trainer, TrainingError
@@ -157,13 +157,18 @@ def run_config(config: str | None, arm: str | None, overrides: list[str]) -> Run
 
 
 def report(e: Exception) -> int:
-    """Print a user error as one line (once, from rank 0); 2 is the exit status."""
+    """Print a user error as one line (once, from rank 0); 2 is the exit status. Under torchrun the line is also
+    torchrun's error file, so torchrun's failure report (which follows it) repeats our line, not a traceback hint.
+    Under `accelerate launch`'s one-process launcher (the `--cpu --num_processes N` mis-launch) the launcher
+    then exits 1 with its own CalledProcessError naming our status 2: the status of a launcher is the launcher's,
+    and ending it with a signal to spare its report (as accellib once did) made it 143, read as "preempted"."""
     import torch.distributed as dist
+    line = f"error: {e}"
     if os.environ.get("RANK", "0") == "0":
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
+    tell_elastic_launcher(line)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # a clean exit: gloo aborts a process that leaves its group open
-    end_accelerate_launcher()
     return 2
 
 

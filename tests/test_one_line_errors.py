@@ -91,20 +91,43 @@ def test_damaged_checkpoint(damage, finished_run, capsys):
     assert (finished_run / "metrics.jsonl").read_text() == metrics  # nothing truncated or appended
 
 
-def test_accelerate_cpu_launch_trap_shows_only_our_line(tiny_data_dir, tmp_path):
-    # `accelerate launch --cpu --num_processes 2` starts one process; before, accelerate's
-    # CalledProcessError traceback was printed after our line
+def test_accelerate_cpu_launch_trap_is_refused_first_and_not_as_a_preemption(tiny_data_dir, tmp_path):
+    # `accelerate launch --cpu --num_processes 2` starts one process. Round 3: accelerate's CalledProcessError
+    # traceback followed our line; then accellib ended the launcher with SIGTERM, whose status 143 schedulers read as
+    # "preempted" (issue 36). Now our line comes first and the launcher's status is its own failure status (1), its
+    # report naming our exit status 2.
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     res = subprocess.run([accelerate, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "accellib.train",
                           "--out", str(tmp_path / "r")] + tiny_overrides(tiny_data_dir),
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, (res.returncode, res.stderr[-2000:])
+    lines = res.stderr.splitlines()
+    errors = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+    assert len(errors) == 1 and "starts only ONE process" in lines[errors[0]], res.stderr
+    assert errors[0] < next(i for i, ln in enumerate(lines) if ln.startswith("Traceback"))
+    assert "returned non-zero exit status 2" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_refusal_under_torchrun_comes_first_and_is_torchruns_root_cause(tiny_data_dir, tmp_path):
+    # issue 36 item 7: before, torchrun's report followed our line and said only "To enable traceback see: ..."
+    from accellib.core.launch import _free_port
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([torchrun, "--nproc_per_node", "2", f"--master_port={_free_port()}", "-m", "accellib.train",
+                          "--out", str(tmp_path / "r"), "--train.no_such_key=1"] + tiny_overrides(tiny_data_dir),
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
-    assert "starts only ONE process" in res.stderr and "Traceback" not in res.stderr, res.stderr
-    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+    assert len(errors) == 1 and "unknown config key 'train.no_such_key'" in lines[errors[0]], res.stderr
+    assert errors[0] == 0, res.stderr[:2000]                       # the first line of the output
+    root = res.stderr[res.stderr.index("Root Cause"):]
+    assert "error: unknown config key 'train.no_such_key'" in root and "To enable traceback" not in root, root
 
 
 def test_gpu_config_without_cuda_fails_before_anything_else(tmp_path, capsys, monkeypatch):
@@ -247,6 +270,7 @@ def test_an_out_that_cannot_be_created_is_one_line(tiny_data_dir, tmp_path, caps
     assert err.startswith("error: ") and "cannot be created" in err and "\n" not in err, err
     assert (tmp_path / "f").read_text() == "keep me"
 
+
 @pytest.mark.parametrize("arms,msg", [("baseline,baseline", "more than once"), ("", "names an empty arm"),
                                       ("baseline,", "names an empty arm")])
 def test_compare_arms_named_twice_or_none_are_one_line(arms, msg, tiny_data_dir, tmp_path, capsys):
@@ -281,6 +305,7 @@ def test_an_arm_with_almost_no_steps_is_named(tiny_data_dir, tmp_path, capsys):
     warned = [ln for ln in out.splitlines() if ln.startswith("warning: arm dense-L40")]
     assert len(warned) == 1 and "too few" in warned[0] and "the baseline 20" in warned[0], out
     assert "warning: arm baseline" not in out
+
 
 def test_token_ids_are_checked_without_a_checksum(tiny_data_dir, tmp_path, capsys):
     # before: a meta.json without sha256 skipped the id check, so ids >= vocab_size ended in an IndexError
