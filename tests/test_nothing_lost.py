@@ -442,6 +442,7 @@ def test_compare_into_a_folder_of_the_users_files_is_refused(tiny_data_dir, tmp_
         assert "accellib did not write" in capsys.readouterr().err
     assert {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} == set(files)
 
+
 # ----------------------------------------------------------------------------- issue 36: a resume's options
 def test_a_plain_resume_continues_with_the_last_resumes_options(tiny_cfg, tmp_path, capsys):
     # issue 36 item 3: before, a plain --resume after `--resume --optim.lr=1e-3` went back to config.yaml's LR
@@ -462,3 +463,23 @@ def test_a_plain_resume_continues_with_the_last_resumes_options(tiny_cfg, tmp_pa
         [{"optim.lr": [0.005, 0.001], "train.steps": [4, 6]}, {"optim.lr": [0.005, 0.001], "train.steps": [4, 8]}]
     assert main(["--resume", str(run), "--train.steps=9", "--optim.lr=0.005"]) == 0   # set back explicitly
     assert "optim.lr" not in capsys.readouterr().out.splitlines()[0]
+
+
+# ----------------------------------------------------------------------------- issue 36: keeping N checkpoints
+def test_keep_checkpoints_keeps_the_newest_n(tiny_cfg, tmp_path):
+    # before: only checkpoints/last was ever kept (1.49 GB at GPT-2 small; no way to keep more)
+    from accellib.core.run_dir import checkpoint_state
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 8, "train.checkpoint_every": 2, "train.keep_checkpoints": 3}), run)
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["last", "step_4", "step_6"]
+    assert [checkpoint_state(ck / n)["step"] for n in ("step_4", "step_6", "last")] == [4, 6, 8]
+    one = tmp_path / "one"
+    training_function(tiny_cfg(**{"train.steps": 8, "train.checkpoint_every": 2}), one)   # the default: last only
+    assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["last"]
+    # a resume with fewer kept prunes to it; a kill between the swap's two renames resumes from the newest kept one
+    assert main(["--resume", str(run), "--train.steps=10", "--train.keep_checkpoints=2"]) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["last", "step_8"]
+    (ck / "last").rename(ck / ".tmp")                                # as if killed between the two renames
+    assert main(["--resume", str(run), "--train.steps=12"]) == 0
+    assert read_metrics(run)[-1]["step"] == 12 and [r["step"] for r in read_metrics(run)].count(9) == 1

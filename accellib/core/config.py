@@ -52,6 +52,9 @@ class TrainConfig:
     eval_windows: int = opt(64, "fixed validation windows per evaluation", min=1)
     log_every: int = opt(10, "train-loss log interval in steps", min=1, resume=True)
     checkpoint_every: int = opt(100, "checkpoint every N steps (always at the end); 0 = end only", min=0, resume=True)
+    keep_checkpoints: int = opt(1, "checkpoints kept: the newest is checkpoints/last, the N-1 before it "
+                                "checkpoints/step_<k> (each a whole Accelerate checkpoint, as large as last)", min=1,
+                                resume=True)
     seed: int = opt(1337, "seed for init, data order and technique randomness", min=0)
     precision: str = opt("auto", "auto = bf16 on a bf16-capable GPU, else fp32",
                          choices=["auto", "fp32", "bf16"])

@@ -137,11 +137,21 @@ def make_folder(out: Path, what: str = "--out") -> None:
                           "give a folder you can write to") from None
 
 
+def kept_checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """The older checkpoints train.keep_checkpoints keeps, checkpoints/step_<k>, as (k, folder), oldest first."""
+    found = [(int(m[1]), p) for p in (Path(out) / "checkpoints").glob("step_*")
+             if (m := re.fullmatch(r"step_(\d+)", p.name)) and p.is_dir()]
+    return sorted(found)
+
+
 def checkpoint_folder(out: Path) -> Path | None:
-    """The run's whole checkpoint: checkpoints/last, or .old when a kill came between the two renames of
-    Trainer.save (then .old is the previous last, renamed whole); None before the first checkpoint."""
+    """The run's whole checkpoint: checkpoints/last, or, when a kill came between the two renames of Trainer.save,
+    the previous last renamed whole (.old, or the newest step_<k> when older checkpoints are kept); None before
+    the first checkpoint."""
     ck = out / "checkpoints"
-    return next((p for p in (ck / "last", ck / ".old") if p.exists()), None)
+    kept = kept_checkpoints(out)
+    return next((p for p in (ck / "last", ck / ".old", kept[-1][1] if kept else None) if p is not None and p.exists()),
+                None)
 
 
 # the model's file in a checkpoint folder, by the launch that wrote it (Accelerate's save_state names them)

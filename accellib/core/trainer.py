@@ -29,7 +29,8 @@ from .config import RunConfig, changed_options, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import distributed_setup, fsdp_requested, make_accelerator, tracking_kwargs
 from ..models.transformer import Plan
-from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout, write_marker
+from .run_dir import (check_shared_run_dir, checkpoint_folder, checkpoint_layout, checkpoint_state, kept_checkpoints,
+                      write_marker)
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -505,13 +506,20 @@ class Trainer:
                             engine=self.engine.rank_state()), tmp / f"engine_rank{acc.process_index}.pt")
         acc.wait_for_everyone()
         if self.is_main:
+            keep = self.cfg.train.keep_checkpoints
             if last.exists():
                 # "last" only ever appears by an atomic rename of a finished temp folder, so when it
                 # exists it is whole; an ".old" beside it is a leftover of a kill after an earlier swap
                 shutil.rmtree(old, ignore_errors=True)
-                last.rename(old)
+                prev = self.saved_step if self.saved_step is not None else checkpoint_state(last).get("step")
+                last.rename(ck / f"step_{prev}" if keep > 1 and prev is not None and prev < self.state.step else old)
             tmp.rename(last)
             shutil.rmtree(old, ignore_errors=True)
+            # train.keep_checkpoints: the newest keep-1 older ones stay (and none from beyond this step: a resume
+            # from an earlier one has replaced them)
+            older = [(k, p) for k, p in kept_checkpoints(self.out)]
+            for k, p in older[:max(0, len(older) - (keep - 1))] + [(k, p) for k, p in older if k >= self.state.step]:
+                shutil.rmtree(p, ignore_errors=True)
         acc.wait_for_everyone()
         self.saved_step = self.state.step
         return True
