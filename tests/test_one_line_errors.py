@@ -209,7 +209,7 @@ def test_a_resume_may_change_only_the_options_marked_so(tiny_data_dir, tmp_path)
             "optim.name", "pld.enabled", "pld.gamma", "ouroboros.modules"} <= set(refused)
     assert set(may) == {"train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every",
                         "train.progress", "train.device", "train.threads", "train.compile", "train.compile_backend",
-                        "train.stop_on_divergence",
+                        "train.stop_on_divergence", "train.keep_checkpoints",
                         "train.peak_flops", "data.verify", "log.trackers", "log.project", "optim.lr",
                         "optim.min_lr_ratio", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
                         "optim.beta2", "optim.momentum", "optim.grad_clip", "layered_accumulation.emulate_mbps",

@@ -86,11 +86,11 @@ def _foreign(path: Path, name: str) -> list[str]:
         if not path.is_dir() or not (path / "accellib_export.json").is_file():
             return [name]
         return [f"hf/{p.name}" for p in sorted(path.iterdir()) if p.name not in EXPORT_FILES]
-    if name == "tensorboard":     # <project>/events.out.tfevents.* (Accelerate's TensorBoard tracker)
+    if name == "tensorboard":     # <project>/[<time>/]events.out.tfevents.*, hparams.yml (Accelerate's TensorBoard tracker)
         if not path.is_dir():
             return [name]
         return [str(p.relative_to(path.parent)) for p in sorted(path.rglob("*"))
-                if p.is_file() and not p.name.startswith("events.out.tfevents.")]
+                if p.is_file() and not (p.name.startswith("events.out.tfevents.") or p.name == "hparams.yml")]
     return [name] if path.is_dir() else []
 
 
