@@ -8,9 +8,29 @@ The layout is the architecture (docs/data_and_layout.md lists every module):
     drivers/     what builds several Trainers (V-cycle, comparison plan)
     analysis/    FLOPs, statistics, planner, trend, results, plotting      course/    the notebooks' checker
 """
+import os
+import sys
 from pathlib import Path
 
 __version__ = "0.1.0"
+MIN_TORCH = "2.11"  # the oldest torch accellib runs under: the GPU image's (make gpu-image-check); the tests pin 2.13
+
+
+def _check_torch() -> None:
+    """A torch older than MIN_TORCH is refused at import in one line (read from the package metadata: importing
+    torch here would slow every `import accellib`); no torch at all is left to the first `import torch`."""
+    from importlib import metadata
+    try:
+        found = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return
+    release = lambda v: tuple(int(x) for x in v.split("+")[0].split(".")[:2] if x.isdigit())  # noqa: E731
+    if release(found) < release(MIN_TORCH):
+        raise ImportError(f"accellib needs torch >= {MIN_TORCH}, and torch {found} is installed: "
+                          f"pip install 'torch>={MIN_TORCH}'")
+
+
+_check_torch()
 
 # The repository checkout this package lives in (an editable install), where configs/, data/, results/
 # and notebooks/ are; None for a package installed outside a checkout (`pip install .`).
@@ -34,3 +54,25 @@ def __getattr__(name: str):
     if name == "REPO_ROOT":  # notebooks and tests: `from accellib import REPO_ROOT` (the checkout)
         return repo_root("accellib.REPO_ROOT")
     raise AttributeError(f"module 'accellib' has no attribute {name!r}")
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional extra `extra` (hf, track, notebooks, ...), as fits how accellib was installed: in a
+    checkout, the editable install of that extra; from a wheel, the extra's own packages (pip cannot add an extra
+    to a wheel it no longer has)."""
+    if CHECKOUT is not None:
+        return f"pip install -e '.[{extra}]' (in {CHECKOUT})"
+    try:
+        from importlib import metadata
+        reqs = [r.split(";")[0].strip() for r in metadata.requires("accellib") or []
+                if f'extra == "{extra}"' in r.replace("'", '"')]
+    except Exception:  # no metadata (sources on sys.path by hand)
+        reqs = []
+    return "pip install " + " ".join(f"'{r}'" for r in reqs) if reqs else f"pip install 'accellib[{extra}]'"
+
+
+def prog(command: str) -> str:
+    """The name a command line calls itself by in --help: the console script it was started as (accellib-train),
+    or `python -m accellib.train`."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name == f"accellib-{command}" else f"python -m accellib.{command}"
