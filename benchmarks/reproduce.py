@@ -319,7 +319,9 @@ def main() -> int:
                    environment=environment(), **res)
         print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")
         # a smoke run's record goes beside its runs (runs/reproduce_quick/<name>.json), never into results/
-        write_json((runs if args.quick else ROOT / "results") / f"{name}.json", rec)
+        dest = runs if args.quick else ROOT / "results"
+        dest.mkdir(parents=True, exist_ok=True)   # a timing-only smoke run has made no runs/ folder yet
+        write_json(dest / f"{name}.json", rec)
     return 0
 
 
