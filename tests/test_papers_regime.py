@@ -1,0 +1,83 @@
+"""The papers' regime (issue 33): configs/fixed_size_long.yaml trains a fixed-size model well past compute-optimal,
+its LR is tuned until the optimum is interior, and results/long_flops.json measures every arm there with the papers'
+metric, the same-size baseline and a bracketed dense frontier."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from accellib import REPO_ROOT
+from accellib.analysis.regime import params_of, regime
+from accellib.analysis.results import findings_table, load_result
+from accellib.data.tokens import load_token_data
+from accellib.drivers.arms import arm_configs, check_data
+
+LONG = REPO_ROOT / "configs" / "fixed_size_long.yaml"
+TUTORIAL = REPO_ROOT / "configs" / "tutorial.yaml"
+
+
+def _base(path):
+    cfg = arm_configs(path, ["baseline"], [])["baseline"]
+    check_data({"baseline": cfg})
+    return cfg
+
+
+def test_the_long_config_is_a_deep_model_trained_past_compute_optimal_within_two_epochs():
+    cfg = _base(LONG)
+    n_train = len(load_token_data(cfg.data.path).train)
+    tokens = cfg.train.steps * cfg.train.batch_size * cfg.model.seq_len
+    g = regime(tokens, params_of(cfg), n_train)
+    assert cfg.model.n_layer >= 6                       # the techniques act on depth
+    assert g["tokens_per_param"] >= 50 and g["epochs"] <= 2
+    tut = _base(TUTORIAL)
+    assert regime(tut.train.steps * tut.train.batch_size * tut.model.seq_len, params_of(tut), n_train)[
+        "tokens_per_param"] < 2                         # the tutorial: the under-trained corner
+
+
+def test_the_long_configs_schedules_are_the_tutorials_fractions_of_the_run():
+    # the only change between the two regimes is the horizon: each knob is the same share of the run
+    long, tut = yaml.safe_load(LONG.read_text()), yaml.safe_load(TUTORIAL.read_text())
+    T, T0 = long["train"]["steps"], tut["train"]["steps"]
+    for arm in ("pld", "sbld"):
+        g, g0 = long["arms"][arm][arm]["gamma"], tut["arms"][arm][arm]["gamma"]
+        assert g * T == pytest.approx(g0 * T0, rel=0.01)            # theta's floor at the same share of the run
+    assert long["arms"]["sbld"]["sbld"]["profile_step"] / T == tut["arms"]["sbld"]["sbld"]["profile_step"] / T0
+    for k in ("warm_frac", "small_frac", "final_frac", "alpha", "small_lr_mult"):
+        assert long["arms"]["multilevel"]["multilevel"][k] == tut["arms"]["multilevel"]["multilevel"][k]
+    assert set(long["arms"]) == set(tut["arms"])                    # every arm of the tutorial, compositions too
+
+
+def test_the_long_lr_is_tuned_until_the_optimum_is_interior():
+    sweep, cfg = load_result("long_lr_sweep"), _base(LONG)
+    best = sweep["best"]
+    assert best["interior"] and best["below"]["mean"] > best["best_mean"] < best["above"]["mean"]
+    at_wu = [p for p in sweep["points"] if p["warmup"] == best["best_warmup"]]
+    assert len({p["lr"] for p in sweep["points"]}) >= 5 and all(len(p["val_losses"]) >= 3 for p in sweep["points"])
+    assert len({p["warmup"] for p in sweep["points"] if p["lr"] == best["best_lr"]}) >= 3   # warm-up tuned too
+    assert min(at_wu, key=lambda p: p["mean"])["lr"] == best["best_lr"]
+    assert (cfg.optim.lr, cfg.optim.warmup_steps) == (best["best_lr"], best["best_warmup"])  # the config uses it
+
+
+def test_long_flops_measures_every_arm_with_the_papers_metric_and_a_bracketed_frontier():
+    res = load_result("long_flops")
+    rows = {r["arm"]: r for r in res["summary"]["rows"]}
+    assert set(yaml.safe_load(LONG.read_text())["arms"]) <= set(rows)
+    assert res["summary"]["seeds"] >= 5 and all(r["seeds"] >= 5 for r in rows.values())
+    assert res["summary"]["frontier"]["bracketed"] is True           # the best plain model has both neighbours
+    for a, r in rows.items():
+        tt = r["to_target"]["flops"]
+        assert len(tt["ratios"]) == r["seeds"] and len(tt["censored"]) == r["seeds"]   # censored seeds kept
+        assert r["to_target_resolution"] <= 0.02                   # the reading resolves 2% of the budget
+        assert math.isfinite(tt["ratio"]) and "vs_frontier" in r
+    assert res["regime"]["baseline"]["tokens_per_param"] >= 50
+
+
+def test_readme_findings_table_is_made_from_the_cache():
+    table = findings_table(load_result("long_flops"), load_result("tutorial_flops"), load_result("tutorial_frontier"))
+    for page in ("README.md", "docs/results.md"):
+        assert table in (REPO_ROOT / page).read_text(), (
+            f"{page}: the findings table differs from the cache; paste the output of\n"
+            "python -c 'from accellib.analysis.results import *; print(findings_table(load_result(\"long_flops\"), "
+            "load_result(\"tutorial_flops\"), load_result(\"tutorial_frontier\")))'")
