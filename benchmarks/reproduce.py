@@ -36,6 +36,8 @@ The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 toke
                      (LONG_DENSE) trained to the same FLOPs: the papers' metric (FLOPs and wall to reach the
                      same seed's baseline final loss), the same-size gap and the frontier, with its minimum
                      bracketed
+  long_flops_lr      the LR check of long_flops: its best technique arm at the LR search's neighbours of the
+                     tuned LR, with the baseline at the tuned LR, 5 seeds, same FLOPs
   long_timing        seconds per step of every arm of that config, paired and interleaved on one core (as
                      tutorial_timing): the wall-time ratios that do not depend on what else ran on the machine
 
@@ -112,16 +114,17 @@ def best_arms(res: dict) -> tuple[str, str]:
     return dense, tech["arm"]
 
 
-def lr_check_yaml(out: Path, res: dict) -> tuple[Path, list[str]]:
-    """tutorial.yaml's baseline plus the best dense and best technique arm of a tutorial_flops result `res`,
-    each at LR_CHECK x the tutorial LR (arms `<arm>@lr<value>`)."""
-    raw = yaml.safe_load(CONFIG.read_text())
+def lr_check_yaml(out: Path, res: dict, config: Path = CONFIG, lrs: tuple[float, ...] | None = None,
+                  dense: bool = True) -> tuple[Path, list[str]]:
+    """`config`'s baseline plus the best dense (if `dense`) and best technique arm of an equal-FLOPs result `res`,
+    each at the peak LRs `lrs` (default LR_CHECK x the config's LR; arms `<arm>@lr<value>`)."""
+    raw = yaml.safe_load(config.read_text())
     lr = raw["optim"]["lr"]
     arms = {"baseline": {}}
-    for arm in best_arms(res):
+    for arm in best_arms(res)[0 if dense else 1:]:
         over = raw["arms"].get(arm) or {"model": {"n_layer": int(DENSE.match(arm).group(1))}}
-        for f in LR_CHECK:
-            arms[f"{arm}@lr{lr * f:g}"] = {**over, "optim": {"lr": lr * f}}
+        for v in lrs or tuple(lr * f for f in LR_CHECK):
+            arms[f"{arm}@lr{v:g}"] = {**over, "optim": {"lr": v}}
     raw["arms"] = arms
     out.mkdir(parents=True, exist_ok=True)
     p = out / "lr_check.yaml"
@@ -199,6 +202,7 @@ def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
 
 
 CONFIG_OF = {"long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
+             "long_flops_lr": "fixed_size_long.yaml",
              "tutorial_ouroboros": "ouroboros.yaml", "tutorial_ouroboros_lr": "ouroboros_lr.yaml"}
 
 
@@ -250,6 +254,15 @@ def main() -> int:
         cfg, lr_arms = lr_check_yaml(runs / "tutorial_flops_lr", flops)
         return compare(cfg, runs / "tutorial_flops_lr", lr_arms, "flops", headline, extra, args.jobs,
                        table_arms=["baseline", *lr_arms])
+    def long_lr_check():
+        """The best technique arm of long_flops at the LR search's neighbours of the tuned LR (the baseline at the
+        tuned LR beside it): does the verdict hinge on using the baseline's LR?"""
+        flops = done.get("long_flops") or json.loads((ROOT / "results" / "long_flops.json").read_text())
+        best = json.loads((ROOT / "results" / "long_lr_sweep.json").read_text())["best"]
+        cfg, lr_arms = lr_check_yaml(runs / "long_flops_lr", flops, LONG_CONFIG,
+                                     (best["below"]["lr"], best["above"]["lr"]), dense=False)
+        return compare(cfg, runs / "long_flops_lr", ["baseline", *lr_arms], "flops", headline, extra, args.jobs)
+
     def long_sweep():
         from lr_tune import tune
         return tune(LONG_CONFIG, runs / "long_lr_sweep", (2e-3, 1e-2) if args.quick else LONG_LR_GRID, LONG_WARMUPS,
@@ -261,6 +274,7 @@ def main() -> int:
         "long_flops": lambda: compare(LONG_CONFIG, runs / "long_flops", long_arms + list(LONG_DENSE), "flops",
                                       headline, extra, args.jobs),
         "long_timing": lambda: timing(LONG_CONFIG, args.quick),
+        "long_flops_lr": long_lr_check,
         "tutorial_frontier": lambda: compare(CONFIG, runs / "tutorial_frontier", ["baseline", *TUTORIAL_FRONTIER],
                                              "flops", headline, extra, args.jobs),
         "tutorial_timing": lambda: timing(CONFIG, args.quick),
@@ -278,6 +292,7 @@ def main() -> int:
                                                  "steps", seeds, extra, args.jobs),
     }
     configs = {"long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
+               "long_flops_lr": LONG_CONFIG,
                "tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)
                "tutorial_ouroboros_lr": OUROBOROS_LR_CONFIG}
     names = args.only.split(",") if args.only else list(experiments)
