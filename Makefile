@@ -41,7 +41,10 @@ test: install data
 
 # The results cache the notebooks read (results/*.json): multi-seed, equal-compute experiments on the
 # tutorial baseline (with the dense frontier: tutorial_flops 52 min, its LR check 20 min, with 2 jobs on a busy
-# 2-core machine) and the Ouroboros arms (configs/ouroboros.yaml); benchmarks/reproduce.py --jobs N uses N cores
+# 2-core machine; tutorial_frontier, the plain models that bracket its minimum, 44 min with 1 job), the papers'
+# regime (configs/fixed_size_long.yaml: long_lr_sweep 50 min, long_flops 65 min (52 + 13 for the two smallest plain arms), long_timing
+# 0.2 min, 2 jobs on a shared 2-core machine) and the Ouroboros arms (configs/ouroboros.yaml);
+# benchmarks/reproduce.py --jobs N uses N cores, and every experiment resumes where it stopped
 results: install data
 	$(PY) benchmarks/reproduce.py
 

@@ -71,12 +71,13 @@ LONG_CONFIG = ROOT / "configs" / "fixed_size_long.yaml"
 LONG_LR_GRID = (5e-3, 7e-3, 1e-2, 1.4e-2, 2e-2)   # the first pass, at the config's warm-up
 LONG_WARMUPS = (20, 150)                           # tried at the best LR besides the config's
 # the plain models beside the 6-block x 24 baseline at its FLOPs: shallower, deeper and wider, so that the
-# best plain model has a measured smaller and larger neighbour (compare warns when it does not)
+# best plain model has a measured smaller and larger neighbour (compare warns when it does not). The first build
+# had L3 as its smallest arm and found its minimum there (the edge), so L1 and L2 joined it.
 # the tutorial budget's frontier, bracketed (issue 33): tutorial_flops found its minimum at its smallest arm,
 # dense-L1 (width 64), so narrower 1-block models join it (and L1/L2 and the baseline are re-run as the pairing
 # anchors: their losses must equal tutorial_flops' seed for seed)
 TUTORIAL_FRONTIER = ("dense-L1", "dense-L2", "dense-L1-d48", "dense-L1-d32", "dense-L2-d48")
-LONG_DENSE = ("dense-L3", "dense-L9", "dense-L12", "dense-L16", "dense-L6-d32")
+LONG_DENSE = ("dense-L1", "dense-L2", "dense-L3", "dense-L9", "dense-L12", "dense-L16", "dense-L6-d32")
 SEEDS = 3          # the LR sweep and Ouroboros (tuning and a 4-arm study); headline comparisons use HEADLINE_SEEDS
 HEADLINE_SEEDS = 5
 LR_CHECK = (0.5, 2.0)  # the LR check's multiples of the tutorial LR

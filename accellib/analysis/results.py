@@ -200,6 +200,8 @@ def _short(p) -> str:
         return "—"
     word = p.verdict.replace("not resolved at", "n.r. at").replace("not resolved", "n.r.")
     if isinstance(p, Ratio):
+        if p.reached == 0:   # every seed censored: all that is known is that it needs more than its budget
+            return f"not reached in {min(p.ratios):.2f}x (0/{p.n}): {word}"
         c = "" if p.reached == p.n else "≥"
         return f"{c}{p.ratio:.2f}x [{c}{p.lo:.2f}, {c}{p.hi:.2f}] {p.reached}/{p.n} reached, {word}"
     return f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}] {word}"

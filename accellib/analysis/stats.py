@@ -181,6 +181,8 @@ class Ratio:
 
     def text(self, fmt: str = ".2f") -> str:
         """'0.68x [0.62, 0.75] (5/5 reached): wins' -- a censored seed's ratio is a lower bound ('>=')."""
+        if self.reached == 0:   # every seed censored: only a lower bound, its whole budget, is known
+            return f"not reached within {min(self.ratios):{fmt}}x (0/{self.n} seeds): {self.verdict}"
         c = "" if self.reached == self.n else ">="
         if self.n < 2:
             return f"{c}{self.ratio:{fmt}}x ({self.reached}/{self.n} reached): {self.verdict}"
