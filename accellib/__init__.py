@@ -11,6 +11,24 @@ The layout is the architecture (docs/data_and_layout.md lists every module):
 from pathlib import Path
 
 __version__ = "0.1.0"
+MIN_TORCH = "2.11"  # the oldest torch accellib runs under: the GPU image's (make gpu-image-check); the tests pin 2.13
+
+
+def _check_torch() -> None:
+    """A torch older than MIN_TORCH is refused at import in one line (read from the package metadata: importing
+    torch here would slow every `import accellib`); no torch at all is left to the first `import torch`."""
+    from importlib import metadata
+    try:
+        found = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return
+    release = lambda v: tuple(int(x) for x in v.split("+")[0].split(".")[:2] if x.isdigit())  # noqa: E731
+    if release(found) < release(MIN_TORCH):
+        raise ImportError(f"accellib needs torch >= {MIN_TORCH}, and torch {found} is installed: "
+                          f"pip install 'torch>={MIN_TORCH}'")
+
+
+_check_torch()
 
 # The repository checkout this package lives in (an editable install), where configs/, data/, results/
 # and notebooks/ are; None for a package installed outside a checkout (`pip install .`).

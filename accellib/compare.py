@@ -181,10 +181,13 @@ def crossing(recs: list[dict], target: float, x: str) -> float:
 
 
 def eval_spacing(recs: list[dict]) -> float:
-    """The largest FLOPs between two consecutive evaluations of a run (from zero to the first): the
-    resolution of a time to target read from its curve (between evaluations it is interpolated)."""
+    """The largest FLOPs between two consecutive evaluations in the second half of a run (by FLOPs): the
+    resolution of a time to target read from its curve (between evaluations it is interpolated). The target
+    is a baseline's *final* loss, so it is crossed late; a one-off cost early in the run (SBLD's profile,
+    charged at its step) widens an early interval that no crossing of the target falls in."""
     xs = [0.0] + [float(r["flops"]) for r in recs if "val_loss" in r and not r.get("transition")]
-    return max((b - a for a, b in zip(xs, xs[1:])), default=math.inf)
+    half = xs[-1] / 2
+    return max((b - a for a, b in zip(xs, xs[1:]) if b > half), default=math.inf)
 
 
 def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:

@@ -220,8 +220,13 @@ def reanalyse(name: str) -> int:
         r["seed_labels"] = [f"seed{seed0 + k}" for k in range(len(r["val_losses"]))]
         r.pop("vs_baseline", None), r.pop("vs_frontier", None)
     res["regime"] = regime_record(ROOT / "configs" / CONFIG_OF.get(name, "tutorial.yaml"), summ["rows"], res["curves"])
+    from accellib.compare import eval_spacing
+    base_flops = res["budget"]["per_seed"]["0"].get("baseline_flops")
     for r in summ["rows"]:   # all parameters, for the frontier's bracket check (older caches recorded none)
         r["params"] = res["regime"][r["arm"]]["params"]
+        runs = [c for k, c in res["curves"].items() if k.split("/")[0] == r["arm"]]
+        if base_flops and "to_target_resolution" in r:   # today's definition, from the stored curves
+            r["to_target_resolution"] = max(eval_spacing(c) for c in runs) / base_flops
     summ["frontier"] = paired_gaps(summ["rows"], res["budget"]["baseline"])
     res["reanalysed"] = dict(command=f"python benchmarks/reproduce.py --reanalyse {name}", environment=environment())
     write_json(path, res)

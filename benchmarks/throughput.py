@@ -123,6 +123,42 @@ def ratio(times: dict, a: str, b: str) -> float:
     return statistics.median(tb / ta for ta, tb in zip(times[a], times[b]))
 
 
+def measure(cfg, names=LOOPS, reps: int = 20, steps: int = 5, warmup: int = 3,
+            compile_backend: str = "inductor", before_timing=None) -> dict:
+    """Warm up each loop of `names` (compilation happens there), then time them in `reps` interleaved rounds of
+    `steps`-step blocks, the order reversed every other round. Returns the blocks' wall and CPU seconds, the
+    median tokens/s per loop, the ratios of PAIRS, the graphs compiled during timing, the trainer and its
+    device. `before_timing()`, when given, is called once between the warm-up and the timing (the GPU check
+    reads its clock there). Also used by benchmarks/gpu_check.py."""
+    ecfg = copy.deepcopy(cfg)
+    ecfg.train.compile = "none"  # "accellib" is the trainer without compile, whatever the config says
+    tr = Trainer(ecfg)  # resolves cfg.model (vocab_size from the data, padded as the trainer does)
+    cfg.model = ecfg.model
+    device, data = tr.accelerator.device, tr.data
+    loops = {"plain": plain_loop(cfg, data, device), "accellib": trainer_loop(tr)}
+    if "plain+compile" in names or "accellib+compile" in names:
+        ccfg = copy.deepcopy(cfg)
+        ccfg.train.compile = "blocks"
+        loops["plain+compile"] = plain_loop(cfg, data, device, compile_backend)
+        loops["accellib+compile"] = trainer_loop(Trainer(ccfg, data=data))
+    for k in names:
+        loops[k](warmup)
+    if before_timing is not None:
+        before_timing()
+    graphs = graphs_compiled()
+    times, cpu = {k: [] for k in names}, {k: [] for k in names}
+    for r in range(reps):
+        for k in (names if r % 2 == 0 else names[::-1]):
+            w, c = timed(loops[k], steps, device)
+            times[k].append(w)
+            cpu[k].append(c)
+    tokens = steps * cfg.train.batch_size * cfg.model.seq_len
+    return dict(times=times, cpu=cpu, tps={k: tokens / statistics.median(v) for k, v in times.items()},
+                ratios={f"{a} / {b}": ratio(times, a, b) for a, b in PAIRS if a in times and b in times},
+                recompiled=graphs_compiled() - graphs, trainer=tr, device=device, tokens_per_block=tokens,
+                flops_per_step=tr.task.micro_flops(None) * cfg.train.grad_accum)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny model, 3 rounds, writes nothing")
@@ -153,31 +189,10 @@ def main(argv=None):
             over += ["--model.n_layer=2", "--model.d_model=64", "--model.seq_len=64", "--train.batch_size=16"]
             args.reps, args.steps = 3, 3
     cfg = load_config(config, over)
-    names = LOOPS[:2] if args.no_compile else LOOPS
-
-    tr = Trainer(cfg)  # resolves cfg.model (vocab_size from the data, padded as the trainer does)
-    data, model_cfg = tr.data, cfg.model
-    loops = {"plain": plain_loop(cfg, data, device), "accellib": trainer_loop(tr)}
-    if not args.no_compile:
-        ccfg = copy.deepcopy(cfg)
-        ccfg.train.compile = "blocks"
-        loops["plain+compile"] = plain_loop(cfg, data, device, args.compile_backend)
-        loops["accellib+compile"] = trainer_loop(Trainer(ccfg, data=data))
-    for k in names:
-        loops[k](args.warmup)
-    graphs = graphs_compiled()
-
-    times, cpu = {k: [] for k in names}, {k: [] for k in names}
-    for r in range(args.reps):
-        for k in (names if r % 2 == 0 else names[::-1]):
-            w, c = timed(loops[k], args.steps, device)
-            times[k].append(w)
-            cpu[k].append(c)
-    recompiled = graphs_compiled() - graphs
-
-    tokens = args.steps * cfg.train.batch_size * model_cfg.seq_len
-    tps = {k: tokens / statistics.median(v) for k, v in times.items()}
-    ratios = {f"{a} / {b}": ratio(times, a, b) for a, b in PAIRS if a in times and b in times}
+    res = measure(cfg, LOOPS[:2] if args.no_compile else LOOPS, args.reps, args.steps, args.warmup,
+                  args.compile_backend)
+    times, cpu, tps, ratios, recompiled = (res[k] for k in ("times", "cpu", "tps", "ratios", "recompiled"))
+    tr, model_cfg, tokens = res["trainer"], cfg.model, res["tokens_per_block"]
     cpu_ratio = statistics.median(cpu["plain"]) / statistics.median(cpu["accellib"])
     m = model_cfg
     print(f"model L={m.n_layer} d={m.d_model} T={m.seq_len} V={m.vocab_size} B={cfg.train.batch_size} on {device}, "

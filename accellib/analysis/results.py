@@ -245,8 +245,10 @@ def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = No
     tut_front = lambda a: Paired.from_dict(tut_rows[a]["vs_frontier"]) if "vs_frontier" in tut_rows.get(a, {}) else None
     g = lambda res: res["regime"]["baseline"]["tokens_per_param"]
     n = lambda res: res["summary"]["seeds"]
+    res_ = max(arm_row(long_res, a)["to_target_resolution"] for a in ("baseline", *TECHNIQUES))
     lines = [f"| arm | paper's claim | papers' regime ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
-             "FLOPs to the baseline's loss | wall to it | equal FLOPs: vs same size | vs dense frontier | "
+             f"FLOPs to the baseline's loss (read to {res_:.1%} of the budget) | wall to it | equal FLOPs: vs same size | "
+             "vs dense frontier | "
              f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | GPU |",
              "|---|---|---|---|---|---|---|---|---|"]
     for a in TECHNIQUES:

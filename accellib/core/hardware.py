@@ -6,7 +6,8 @@ by the peak FLOP/s of the devices. The peak is the vendor's dense tensor-core nu
 the run computes in (bf16 autocast, or TF32 for fp32 matmuls on CUDA), or `train.peak_flops` when set.
 A CPU has no such table: its "peak" is measured once per process, as the FLOP/s of a 1024^3 fp32
 matmul on the threads torch uses, so a CPU MFU reads "fraction of what this machine's GEMM reaches"
-and is not comparable with a GPU's.
+and is not comparable with a GPU's. `measure_matmul_flops` measures what a device's large GEMM reaches
+(benchmarks/gpu_check.py reports a GPU's MFU against the data sheet's peak and against that).
 """
 from __future__ import annotations
 
@@ -53,6 +54,30 @@ def measured_cpu_flops(n: int = 1024, reps: int = 5) -> float:
         a @ b
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192,
+                         seconds: float = 3.0, batch: int = 10) -> dict:
+    """What this device's GEMM reaches: n x n x n matmuls in `dtype` (2 n^3 FLOPs each) run back to back for
+    about `seconds`, timed in batches of `batch` (the device synchronised around each batch). Returns the best
+    and the median batch's FLOP/s, and the matmuls timed. On a GPU this is the "measured peak" that an MFU can
+    be reported against, beside the data sheet's."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):  # warm-up: the library picks its kernel here
+        a @ b
+    sync()
+    rates, t_end = [], time.perf_counter() + seconds
+    while time.perf_counter() < t_end or not rates:
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            a @ b
+        sync()
+        rates.append(2 * n ** 3 * batch / (time.perf_counter() - t0))
+    rates.sort()
+    return dict(best=rates[-1], median=rates[len(rates) // 2], matmuls=batch * len(rates), n=n,
+                dtype=str(dtype).removeprefix("torch."))
 
 
 def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> float | None:

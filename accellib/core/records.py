@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -30,15 +31,47 @@ def git_commit() -> str | None:
 
 
 def environment(accelerator=None) -> dict:
+    """What ran: Python, platform, package versions, the git commit, and torch's build: its full version
+    (`torch`, with the local tag, e.g. 2.11.0+cu130, which the package metadata in `versions` lacks) and,
+    with a CUDA GPU, the CUDA runtime torch was built with, the NVIDIA driver and NCCL (None on a CPU); with the
+    run's accelerator, its device, processes, mixed precision and distributed type (DDP or FSDP)."""
     env = dict(python=sys.version.split()[0], platform=platform.platform(),
                torch_threads=torch.get_num_threads(), git_commit=git_commit(),
-               versions={p: _version(p) for p in PACKAGES})
+               versions={p: _version(p) for p in PACKAGES}, **torch_build())
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     if accelerator is not None:
         env.update(device=str(accelerator.device), num_processes=accelerator.num_processes,
-                   mixed_precision=str(accelerator.mixed_precision))
+                   mixed_precision=str(accelerator.mixed_precision),
+                   distributed_type=accelerator.distributed_type.value)   # NO, MULTI_GPU (DDP), MULTI_CPU, FSDP
     return env
+
+
+def torch_build() -> dict:
+    """torch's full version string and, when a CUDA GPU is visible, the CUDA version torch was built with,
+    the NVIDIA driver's version (from nvidia-smi) and NCCL's; None for each of the last three on a CPU."""
+    cuda = torch.cuda.is_available()
+    nccl = None
+    if cuda:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # a build without NCCL
+            nccl = None
+    return dict(torch=torch.__version__, cuda=torch.version.cuda if cuda else None,
+                driver=nvidia_driver() if cuda else None, nccl=nccl)
+
+
+@lru_cache(maxsize=None)
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it (e.g. 580.65.06), None without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
 
 
 def _version(pkg: str) -> str | None:
