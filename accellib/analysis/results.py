@@ -213,8 +213,14 @@ def regime_table(res: dict, arms: list[str] | None = None) -> str:
     and to the dense frontier, paired by seed (the one rule of accellib.analysis.stats)."""
     rows = [r for r in res["summary"]["rows"] if arms is None or r["arm"] in arms]
     w = max(len(r["arm"]) for r in rows) + 2
-    cells = {r["arm"]: [_short(to_target(res, r["arm"], "flops")), _short(to_target(res, r["arm"], "wall")),
-                        _short(gap(res, r["arm"], "baseline")), _short(gap(res, r["arm"], "frontier"))] for r in rows}
+    base = res.get("budget", {}).get("baseline", "baseline")
+    picks = set(res["summary"].get("frontier", {}).get("per_seed", {}).values())
+    itself = lambda a, c: (a == base and c != "frontier") or (c == "frontier" and picks == {a})
+    cell = lambda a, c, p: "— (the control itself)" if itself(a, c) else _short(p)   # no row against itself
+    cells = {r["arm"]: [cell(r["arm"], "to", to_target(res, r["arm"], "flops")),
+                        cell(r["arm"], "to", to_target(res, r["arm"], "wall")),
+                        cell(r["arm"], "baseline", gap(res, r["arm"], "baseline")),
+                        cell(r["arm"], "frontier", gap(res, r["arm"], "frontier"))] for r in rows}
     heads = ["FLOPs to target", "wall to target", "vs same-size baseline", "vs dense frontier"]
     ws = [max(len(h), *(len(c[k]) for c in cells.values())) + 2 for k, h in enumerate(heads)]
     out = [f"{'arm':<{w}}" + "".join(f"{h:<{ws[k]}}" for k, h in enumerate(heads))]
