@@ -233,8 +233,8 @@ def test_the_window_time_includes_the_wait_at_the_log_step_read(tiny_cfg, tmp_pa
 
 def test_evaluation_and_checkpoints_are_not_training_time(tiny_cfg, tmp_path, monkeypatch):
     """A slow evaluation or save (0.5 s each here) is outside every window: the run's wall stays below it."""
-    monkeypatch.setattr(Trainer, "evaluate", lambda self, _o=Trainer.evaluate: (time.sleep(0.5), _o(self))[1])
-    monkeypatch.setattr(Trainer, "save", lambda self, _o=Trainer.save: (_o(self), time.sleep(0.5))[0])
+    monkeypatch.setattr(Trainer, "evaluate", lambda self, *a, _o=Trainer.evaluate, **k: (time.sleep(0.5), _o(self, *a, **k))[1])
+    monkeypatch.setattr(Trainer, "save", lambda self, *a, _o=Trainer.save, **k: (_o(self, *a, **k), time.sleep(0.5))[0])
     cfg = tiny_cfg(**{"train.steps": 4, "train.log_every": 1, "train.eval_every": 1, "train.checkpoint_every": 1})
     training_function(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
