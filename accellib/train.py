@@ -43,7 +43,7 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
         check_fsdp(build_techniques(cfg), cfg.model.kind)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     from .core.tasks import make_task
-    task = make_task(cfg)
+    task = make_task(cfg, every_rank=True)  # every process, after process_state: one hashes the tokens
     data = task.data
     ml = cfg.techniques.get("multilevel")
     vcycle = ml is not None and ml.enabled

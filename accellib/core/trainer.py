@@ -124,7 +124,8 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         from ..techniques import build_techniques  # lazy: technique modules may import this module
-        self.task = make_task(cfg, data)  # what is trained on (accellib/core/tasks.py): language or images
+        # what is trained on (accellib/core/tasks.py): language or images; every process builds it here
+        self.task = make_task(cfg, data, every_rank=True)
         self.task.configure()             # the model fields the data decides, before techniques read them
         self.techniques = build_techniques(cfg)
         if fsdp_requested() and accelerator is None:  # before any process group: what cannot run sharded says so

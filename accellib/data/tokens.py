@@ -170,7 +170,7 @@ def _write_verified(data_dir: Path, cache: dict) -> None:
             pass
 
 
-def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> TokenData:
+def load_token_data(data_dir: str | Path, verify: bool | str = "cached", every_rank: bool = False) -> TokenData:
     """Open a token folder. The cheap checks (meta.json, file sizes) always run; `verify` adds:
 
       "full"    hash every file in meta.json's sha256 and check every token id is below its
@@ -189,9 +189,12 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
     cache cannot see: bytes that change without the file system knowing (bit rot, a failing disk, a
     write to the raw device). Use verify="full" (--data.verify=full) when that may have happened.
 
-    Under a multi-process launch these checks run on one process per machine and the verdict is shared
-    (`_shared_verdict`): every process of the group must call this function. The token ids are checked even
-    when meta.json has no sha256 for a token file."""
+    `every_rank=True` says that every process of the launch calls this function at this point (the trainer's
+    and the commands' start): under a process group the checks then run on one process per machine and the
+    verdict is shared (`_shared_verdict`, a collective). Leave it False where only some processes open the
+    folder (the main process drawing a figure's reference lines, or scoring): each caller then checks for itself,
+    as a collective that the other processes never join would wait for them, or fail when they exit. The token
+    ids are checked even when meta.json has no sha256 for a token file."""
     if verify is True:
         verify = "full"
     if verify not in (False, "cached", "full"):
@@ -228,7 +231,8 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
             raise DataError(f"{path} is empty: rebuild it from more text, e.g. {fix}")
         splits[split] = np.memmap(path, dtype=np.uint16, mode="r")
     if verify:
-        err = _shared_verdict(lambda: _verify(data_dir, meta, vocab_size, verify, fix))
+        check = lambda: _verify(data_dir, meta, vocab_size, verify, fix)  # noqa: E731
+        err = _shared_verdict(check) if every_rank else check()
         if err:
             raise DataError(err)
     return TokenData(splits["train"], splits["val"], meta, vocab_size, meta.get("mask_id"))
@@ -278,7 +282,7 @@ def _shared_verdict(check) -> str | None:
     """check() on one process per machine (local rank 0), its verdict given to every process: under a multi-process
     launch (a process group is up) the other processes never read the files, so an 8-GPU job hashes its token
     files once per machine, not 8 times. Without a process group, check() itself. A collective: every process of
-    the group calls it."""
+    the group must call it (load_token_data calls it only when told so, every_rank=True)."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return check()

@@ -82,7 +82,7 @@ def check_data(cfgs: dict[str, RunConfig]) -> None:
     arms' folders."""
     opened = {}
     for cfg in cfgs.values():
-        task = make_task(cfg, opened.get((cfg.data.path, cfg.model.kind)))
+        task = make_task(cfg, opened.get((cfg.data.path, cfg.model.kind)), every_rank=True)  # every process
         opened[(cfg.data.path, cfg.model.kind)] = task.data
         task.configure()
 

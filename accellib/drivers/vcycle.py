@@ -212,7 +212,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
     if fsdp_requested():  # before any process group forms
         check_fsdp([REGISTRY["multilevel"](ml, cfg)], cfg.model.kind)
     out, ps = Path(out), process_state(cfg.train.device)
-    task = make_task(cfg, data)
+    task = make_task(cfg, data, every_rank=True)
     task.configure()                                              # vocab_size (language), seq_len (ViT)
     data = task.data
     stages = plan_stages(cfg)
