@@ -47,6 +47,8 @@ BUDGETS = {
     "12x64": (12, 300, (32, 48, 64, 96, 128)),
 }
 LR_CHECK = (0.5, 2.0)
+LR_RULE = (f"peak {BASE_LR} * {BASE_WIDTH} / d_model; warm-up min({WARMUP}, {WARMUP_FRAC} x steps); cosine to 0.1x "
+           "at each run's own last step")
 CURVE_KEYS = ("step", "val_loss", "flops", "tokens")
 
 
@@ -63,11 +65,11 @@ def arm_name(width: int, lr_mult: float = 1.0) -> str:
     return f"dense-L1-d{width}" if lr_mult == 1.0 else f"lrx{lr_mult:g}-L1-d{width}"
 
 
-def budget_yaml(out: Path, name: str, checks: dict[int, tuple[float, ...]] | None = None
-                ) -> tuple[Path, list[str], float]:
+def budget_yaml(out: Path, name: str, checks: dict[int, tuple[float, ...]] | None = None,
+                only_checks: bool = False) -> tuple[Path, list[str], float]:
     """configs/tutorial.yaml's base at the budget's baseline (depth L x 64, batch 16, its steps) with one plain
     arm per width of the profile, each at the LR rule's peak LR and warm-up for the steps the budget gives it;
-    `checks` {width: LR multiples} adds the LR-check arms. Returns the YAML's path, its arms and the budget."""
+    `checks` {width: LR multiples} adds the LR-check arms (`only_checks`: those and the baseline only). Returns the YAML's path, its arms and the budget."""
     from accellib.drivers.arms import arm_configs, check_data
     from accellib.drivers.budget import planned_flops, steps_for_flops
     from accellib.core.config import apply_dict
@@ -82,14 +84,15 @@ def budget_yaml(out: Path, name: str, checks: dict[int, tuple[float, ...]] | Non
     target = planned_flops(base)
     arms = {"baseline": {}}
     for w in widths:
-        for mult in (1.0, *((checks or {}).get(w, ()))):
+        mults = (() if only_checks else (1.0,)) + tuple((checks or {}).get(w, ()))
+        for mult in mults:
             model = dict(n_layer=1, d_model=w, n_head=max(1, w // HEAD_DIM))
             n = steps_for_flops(apply_dict(copy.deepcopy(base), {"model": model}), target)
             arms[arm_name(w, mult)] = {"model": model, "optim": {"lr": float(f"{lr_of(w) * mult:.6g}"),
                                                                 "warmup_steps": warmup_of(n)}}
     raw["arms"] = arms
-    out.mkdir(parents=True, exist_ok=True)
-    p = out / "isoflop.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)   # beside the comparison's folder, which holds only accellib's files
+    p = out.parent / f"{out.name}.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
     return p, list(arms), target
 
@@ -101,29 +104,40 @@ def best_width(summary: dict) -> int:
 
 
 def build(runs: Path, seeds: int, compare, regime, jobs: int, extra: list[str]) -> dict:
-    """Every budget's profile, then each budget's LR check at its best width. `compare(config, out, arms, budget,
-    seeds, extra, jobs)` and `regime(config, rows, curves)` are benchmarks/reproduce.py's (one process per arm,
-    resumable; tokens per parameter counted on all parameters)."""
+    """Every budget's profile (results/isoflop.json). `compare(config, out, arms, budget, seeds, extra, jobs)` and
+    `regime(config, rows, curves)` are benchmarks/reproduce.py's (one process per arm, resumable; tokens per
+    parameter counted on all parameters)."""
     cells = {}
-    for name in BUDGETS:   # the grid first (the LR checks need every minimum)
-        cfg, arms, _ = budget_yaml(runs / name, name)
-        cells[name] = compare(cfg, runs / name, arms, "flops", seeds, extra, jobs)
     for name in BUDGETS:
-        w = best_width(cells[name]["summary"])
-        cfg, arms, flops = budget_yaml(runs / name, name, {w: LR_CHECK})
-        cells[name] = compare(cfg, runs / name, arms, "flops", seeds, extra, jobs)
-        cells[name]["lr_check"] = dict(width=w, multiples=list(LR_CHECK), arms=[arm_name(w, m) for m in LR_CHECK])
-        cells[name]["regime"] = regime(cfg, cells[name]["summary"]["rows"], cells[name]["curves"])
-        depth, steps, widths = BUDGETS[name]
-        cells[name].update(n_layer=depth, d_model=BASE_WIDTH, steps=steps, widths=list(widths), flops=flops)
-    for cell in cells.values():
-        cell.pop("table", None)
-        # the eval points only (the train-loss records would make the file ~10x larger)
-        cell["curves"] = {k: [{f: r[f] for f in CURVE_KEYS if f in r} for r in c if "val_loss" in r]
-                          for k, c in cell["curves"].items()}
-    return dict(cells=cells, lr_rule=f"peak {BASE_LR} * {BASE_WIDTH} / d_model; warm-up min({WARMUP}, "
-                f"{WARMUP_FRAC} x steps); cosine to 0.1x at each run's own last step", head_dim=HEAD_DIM,
+        cfg, arms, flops = budget_yaml(runs / name, name)
+        cells[name] = _cell(compare(cfg, runs / name, arms, "flops", seeds, extra, jobs), cfg, name, flops, regime)
+    return dict(cells=cells, lr_rule=LR_RULE, head_dim=HEAD_DIM,
                 budgets={k: dict(n_layer=v[0], steps=v[1], widths=list(v[2])) for k, v in BUDGETS.items()})
+
+
+def build_lr_check(runs: Path, seeds: int, compare, regime, jobs: int, extra: list[str], grid: dict) -> dict:
+    """results/isoflop_lr.json: each budget's best width of the grid `grid` (results/isoflop.json) re-trained at
+    LR_CHECK x the rule's LR, same budget and seeds, beside the budget's baseline (the pairing anchor): is the rule's
+    LR interior at the minimum? The rule's own run is the grid's (paired by seed label)."""
+    cells = {}
+    for name in BUDGETS:
+        w = best_width(grid["cells"][name]["summary"])
+        cfg, arms, flops = budget_yaml(runs / name, name, {w: LR_CHECK}, only_checks=True)
+        cells[name] = _cell(compare(cfg, runs / name, arms, "flops", seeds, extra, jobs), cfg, name, flops, regime)
+        cells[name]["lr_check"] = dict(width=w, rule_arm=arm_name(w), multiples=list(LR_CHECK),
+                                       arms=[arm_name(w, m) for m in LR_CHECK])
+    return dict(cells=cells, lr_rule=LR_RULE, multiples=list(LR_CHECK))
+
+
+def _cell(res: dict, cfg: Path, name: str, flops: float, regime) -> dict:
+    res["regime"] = regime(cfg, res["summary"]["rows"], res["curves"])
+    depth, steps, widths = BUDGETS[name]
+    res.update(n_layer=depth, d_model=BASE_WIDTH, steps=steps, widths=list(widths), flops=flops)
+    res.pop("table", None)
+    # the eval points only (the train-loss records would make the file ~10x larger)
+    res["curves"] = {k: [{f: r[f] for f in CURVE_KEYS if f in r} for r in c if "val_loss" in r]
+                     for k, c in res["curves"].items()}
+    return res
 
 
 def seed_means(cell: dict) -> dict[str, float]:

@@ -75,9 +75,10 @@ def tune(config: Path, out: Path, grid: tuple[float, ...], warmups: tuple[int, .
         arms = [a for a, p in points.items() if p in new]
         body = dict(raw, arms={a: ({} if a == "baseline" else {"optim": {"lr": p[0], "warmup_steps": p[1]}})
                                for a, p in points.items()})
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "lr_sweep.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
-        for r in run(out / "lr_sweep.yaml", arms)["summary"]["rows"]:
+        cfg = out.parent / f"{out.name}.yaml"     # beside the comparison's folder, which holds only accellib's files
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(yaml.safe_dump(body, sort_keys=False))
+        for r in run(cfg, arms)["summary"]["rows"]:
             losses[points[r["arm"]]] = r["val_losses"]
         rounds_log.append([arm_name(*p) for p in new])
 
@@ -91,7 +92,7 @@ def tune(config: Path, out: Path, grid: tuple[float, ...], warmups: tuple[int, .
         if not new:
             break
         train(new)
-    final = run(out / "lr_sweep.yaml", list(points))   # one table over every arm
+    final = run(out.parent / f"{out.name}.yaml", list(points))   # one table over every arm
     return dict(final, points=[dict(arm=a, lr=p[0], warmup=p[1], val_losses=losses[p],
                              mean=statistics.fmean(losses[p])) for a, p in points.items()],
                 search=rounds_log, best=interior(losses))

@@ -44,7 +44,8 @@ The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 toke
 The compute-optimal picture (benchmarks/isoflop.py; notebooks 00 and 09):
   isoflop            IsoFLOP profiles: one-block plain models of widths 16-128 trained to each of four budgets
                      spanning 10x (the scale trend's baselines, the tutorial budget among them), 3 seeds, with
-                     each budget's minimum bracketed and re-trained at 0.5x and 2x its LR
+                     each budget's minimum bracketed
+  isoflop_lr         the LR check of isoflop: each budget's best model re-trained at 0.5x and 2x the rule's LR
 
 Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
 at once, then one `compare --resume` over all arms prints the table and writes summary.json.
@@ -106,8 +107,8 @@ def lr_sweep_yaml(out: Path) -> Path:
     raw["arms"] = {"baseline": {}}
     for name, (lr, wu) in sweep_arms().items():
         raw["arms"][name] = {"optim": {"lr": lr, "warmup_steps": wu}}
-    out.mkdir(parents=True, exist_ok=True)
-    p = out / "lr_sweep.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)   # beside the comparison's folder, which holds only accellib's files
+    p = out.parent / f"{out.name}.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
     return p
 
@@ -133,8 +134,8 @@ def lr_check_yaml(out: Path, res: dict, config: Path = CONFIG, lrs: tuple[float,
         for v in lrs or tuple(lr * f for f in LR_CHECK):
             arms[f"{arm}@lr{v:g}"] = {**over, "optim": {"lr": v}}
     raw["arms"] = arms
-    out.mkdir(parents=True, exist_ok=True)
-    p = out / "lr_check.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)   # beside the comparison's folder, which holds only accellib's files
+    p = out.parent / f"{out.name}.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
     return p, [a for a in arms if a != "baseline"]
 
@@ -291,6 +292,8 @@ def main() -> int:
                                              "flops", headline, extra, args.jobs),
         "tutorial_timing": lambda: timing(CONFIG, args.quick),
         "isoflop": lambda: isoflop.build(runs / "isoflop", seeds, compare, regime_record, args.jobs, extra),
+        "isoflop_lr": lambda: isoflop.build_lr_check(runs / "isoflop_lr", seeds, compare, regime_record, args.jobs, extra,
+                                                     done.get("isoflop") or json.loads((ROOT / "results" / "isoflop.json").read_text())),
         "tutorial_lr_sweep": lambda: compare(lr_sweep_yaml(runs / "tutorial_lr_sweep"), runs / "tutorial_lr_sweep",
                                              ["baseline", *sweep_arms()], "steps", seeds, extra, args.jobs),
         "tutorial_steps": lambda: compare(CONFIG, runs / "tutorial_steps", arms, "steps", headline, extra, args.jobs),

@@ -208,3 +208,142 @@ def fit_loss_surface(points: list[tuple[float, float, float]], delta: float = 1e
     return dict(E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)), alpha=float(alpha), beta=float(beta),
                 a=float(beta / (alpha + beta)) if alpha + beta > 0 else math.nan,
                 rms=float(np.sqrt(np.mean((pred - loss) ** 2))), points=len(points), params=5)
+
+
+def frontier_gaps(iso: dict, trend: dict, tol: float = 1e-3) -> dict[str, dict]:
+    """Each technique of the scale trend (results/scaling_trend.json) against the compute-optimal plain model of its
+    own budget, found by the IsoFLOP grid (results/isoflop.json, whose budgets are the trend's width-64 baselines):
+    {"LxD": {"pick": {seed: arm}, "bracketed": bool, "baseline_diff": nats, "gaps": {arm: Paired}, "rows": {arm:
+    row for accellib.analysis.trend.fit_log_trend}}}. The frontier's arm for each seed is chosen among the plain models
+    of both caches at that budget (the grid's one-block widths, the trend's dense-L<n> and the baseline) on the other
+    seeds' mean (accellib.analysis.frontier.frontier, leave one seed out) and judged on this seed; the two caches must
+    hold the same baseline runs (per seed within `tol`), or the budget is refused."""
+    from .frontier import frontier
+    from .trend import non_embedding_params
+    out = {}
+    for cell in trend["cells"]:
+        key = f"{cell['n_layer']}x{cell['d_model']}"
+        if key not in iso["cells"]:
+            continue
+        icell = iso["cells"][key]
+        rows = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in cell["summary"]["rows"]}
+        grid = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in icell["summary"]["rows"]}
+        shared = [k for k in rows["baseline"] if k in grid["baseline"]]
+        diff = max((abs(rows["baseline"][k] - grid["baseline"][k]) for k in shared), default=math.inf)
+        if not shared or diff > tol:
+            raise ValueError(f"budget {key}: the IsoFLOP grid and the scale trend do not share their baseline runs "
+                             f"(largest difference {diff:.2g} nats > {tol}); rebuild one with the other's config")
+        plain = {a: v for a, v in {**rows, **grid}.items() if a == "baseline" or a.startswith("dense-")}
+        pick = frontier(plain)
+        prof = profile(icell, key)
+        gaps, fit_rows = {}, {}
+        for arm, losses in rows.items():
+            if arm == "baseline" or arm.startswith("dense-"):
+                continue
+            seeds = [k for k in pick if k in losses]
+            g = [losses[k] - plain[pick[k]][k] for k in seeds]
+            gaps[arm] = from_gaps(g, what=f"{arm} at {key} vs the compute-optimal plain model", seeds=seeds)
+            fit_rows[arm] = dict(n_layer=cell["n_layer"], d_model=cell["d_model"], gaps=g,
+                                 params=non_embedding_params(cell["n_layer"], cell["d_model"]))
+        best = set(pick.values())
+        out[key] = dict(pick=pick, baseline_diff=diff, gaps=gaps, rows=fit_rows, flops=float(icell["flops"]),
+                        bracketed=prof.edge is None and best <= set(prof.arms[1:-1]))
+    return out
+
+
+def plot_isoflop(res: dict, marks: dict[str, tuple[float, float, float]] | None = None, scale=None):
+    """The miniature of Hoffmann et al.'s Figure 3: (left) each budget's IsoFLOP profile, final loss against all
+    parameters N (seed means ± SE, seeds as dots), its parabola and minimum; (middle) N_opt against C with the fitted
+    power law; (right) D_opt against C likewise. `marks` {label: (C, N, D)} places other models on the middle and right
+    panels (e.g. the tutorial baseline and the papers'-regime baseline); `scale` = scaling(res) if computed."""
+    import matplotlib.pyplot as plt
+    s = scale or scaling(res)
+    profs = profiles(res)
+    cmap = plt.get_cmap("viridis")
+    colors = {p.budget: cmap(k / max(1, len(profs) - 1) * 0.85) for k, p in enumerate(profs)}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    ax = axes[0]
+    opt = {o["budget"]: o for o in s["optima"]}
+    for p in profs:
+        c = colors[p.budget]
+        se = [statistics.stdev([p.losses[a][k] for k in p.seeds]) / math.sqrt(len(p.seeds)) for a in p.arms]
+        for a, n in zip(p.arms, p.params):
+            ax.scatter([n] * len(p.seeds), [p.losses[a][k] for k in p.seeds], s=6, color=c, alpha=0.4)
+        ax.errorbar(p.params, p.means, yerr=se, color=c, marker="o", ms=4, capsize=2, lw=1,
+                    label=f"{p.flops / 1e12:.2f}e12 FLOPs ({p.budget})")
+        if p.budget in opt:
+            k = p.best
+            xs = [math.log(v) for v in p.params[k - 1:k + 2]]
+            ys = p.means[k - 1:k + 2]
+            grid = [xs[0] + (xs[2] - xs[0]) * t / 40 for t in range(41)]
+            lag = lambda x: sum(ys[i] * math.prod((x - xs[j]) / (xs[i] - xs[j]) for j in range(3) if j != i)
+                                for i in range(3))
+            ax.plot([math.exp(x) for x in grid], [lag(x) for x in grid], color=c, lw=2, alpha=0.5)
+            ax.plot([opt[p.budget]["n_opt"]], [opt[p.budget]["loss"]], "D", color=c, mec="black", ms=6, zorder=5)
+        else:
+            ax.annotate(f"minimum at the {p.edge} edge", (p.params[p.best], p.means[p.best]), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters N (all)")
+    ax.set_ylabel("final val loss (nats/token)")
+    ax.set_title("IsoFLOP profiles (one-block models)", fontsize=9)
+    ax.legend(fontsize=7)
+    for ax, key, law, ylabel in ((axes[1], "n_opt", "n_law", "N_opt (parameters, all)"),
+                                 (axes[2], "d_opt", "d_law", "D_opt (tokens)")):
+        cs = [o["flops"] for o in s["optima"]]
+        ax.scatter(cs, [o[key] for o in s["optima"]], c=[colors[o["budget"]] for o in s["optima"]], marker="D",
+                   edgecolors="black", zorder=5, label="each budget's minimum")
+        for o in s["optima"]:
+            vals = [v[key] for v in o["per_seed"].values()]
+            ax.plot([o["flops"]] * len(vals), vals, ".", color="grey", ms=4)
+        if law in s:
+            ends = cs + [m[0] for m in (marks or {}).values()]
+            xs = [min(ends) * (max(ends) / min(ends)) ** (t / 20) for t in range(21)]
+            ax.plot(xs, [s[law](x) for x in xs], "k--", lw=1, label=f"fit: exponent {s[law].text()}")
+        for k, (name, m) in enumerate((marks or {}).items()):
+            ax.plot([m[0]], [m[1] if key == "n_opt" else m[2]], ["*", "P", "X"][k % 3], ms=11,
+                    color=["#d62728", "#ff7f0e", "#9467bd"][k % 3], mec="white", label=name, zorder=6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+        ax.set_xlabel("training FLOPs C")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    axes[1].set_title("compute-optimal size", fontsize=9)
+    axes[2].set_title("compute-optimal tokens", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def trend_rows(found: dict[str, dict]) -> dict[str, list[dict]]:
+    """`frontier_gaps`' result in the shape of `accellib.analysis.trend.paired_gaps` ({arm: one row per size, by
+    size}: n_layer, d_model, params (non-embedding), gaps, mean, lo, hi, verdict, text), so notebook 09's tables,
+    figures and `fit_log_trend` take the gaps to the found frontier as they take the others."""
+    out: dict[str, list[dict]] = {}
+    for f in found.values():
+        for arm, p in f["gaps"].items():
+            out.setdefault(arm, []).append(dict(f["rows"][arm], mean=p.mean, se=p.se, lo=p.lo, hi=p.hi,
+                                                verdict=p.verdict, text=p.text()))
+    for rows in out.values():
+        rows.sort(key=lambda r: r["params"])
+    return out
+
+
+def isoflop_table(res: dict) -> str:
+    """docs/results.md's table of results/isoflop.json (tests/test_isoflop.py checks it is there verbatim): per
+    budget its FLOPs, the best model measured and whether it is interior, the fitted optimum N_opt, D_opt and D/N
+    with its interval over seeds; then the two power laws with their intervals and residual df."""
+    s = scaling(res)
+    opt = {o["budget"]: o for o in s["optima"]}
+    lines = ["| budget | FLOPs | best model measured | N_opt (all params) | D_opt (tokens) | D/N at the optimum, 95% CI |",
+             "|---|---|---|---|---|---|"]
+    for p in profiles(res):
+        o = opt.get(p.budget)
+        where = "interior" if not p.edge else f"at the {p.edge} edge"
+        cells = (f"{o['n_opt']:,.0f} | {o['d_opt']:,.0f} | {o['tokens_per_param']:.0f} "
+                 f"[{o['tokens_per_param_lo']:.0f}, {o['tokens_per_param_hi']:.0f}] (n={o['n']})") if o else "— | — | —"
+        lines.append(f"| {p.budget} | {p.flops:.2e} | {p.arms[p.best]} ({where}) | {cells} |")
+    if "n_law" in s:
+        lines += ["", f"N_opt ∝ C^a, a = {s['n_law'].text()}; D_opt ∝ C^b, b = {s['d_law'].text()} "
+                      "(Hoffmann et al. 2022: a ≈ b ≈ 0.5)."]
+    return "\n".join(lines)
