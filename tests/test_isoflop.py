@@ -116,3 +116,65 @@ def test_loss_surface_fit_recovers_the_law():
     assert fit["rms"] < 1e-3
     assert fit["a"] == pytest.approx(0.28 / 0.62, abs=0.05)
     assert fit["E"] == pytest.approx(1.5, abs=0.1)
+
+
+def _cell(rows, flops=1e12, regime=None):
+    return dict(flops=flops, summary=dict(rows=[dict(arm=a, seed_labels=[f"seed{k}" for k in range(len(v))],
+                                                     val_losses=list(v)) for a, v in rows.items()]),
+                regime=regime or {})
+
+
+def test_frontier_gaps_pair_the_trend_with_the_grid_and_refuse_other_baselines():
+    from accellib.analysis.isoflop import frontier_gaps
+    base = [2.50, 2.52, 2.49]
+    grid = {"baseline": base, "dense-L1-d16": [2.30, 2.31, 2.32], "dense-L1-d32": [2.10, 2.12, 2.11],
+            "dense-L1-d64": [2.20, 2.21, 2.19]}
+    iso = dict(cells={"4x64": _cell(grid, regime={a: dict(params=p, tokens=1e12 / 6 / p) for a, p in
+                                                 (("baseline", 4e5), ("dense-L1-d16", 1e4), ("dense-L1-d32", 3e4),
+                                                  ("dense-L1-d64", 9e4))})})
+    trend = dict(cells=[dict(n_layer=4, d_model=64, summary=dict(rows=_cell(
+        {"baseline": base, "pld": [2.55, 2.50, 2.51], "dense-L2": [2.25, 2.26, 2.24]})["summary"]["rows"])),
+        dict(n_layer=4, d_model=128, summary=dict(rows=[]))])      # a size the grid has no budget for: skipped
+    out = frontier_gaps(iso, trend)
+    assert list(out) == ["4x64"]
+    f = out["4x64"]
+    assert set(f["pick"].values()) == {"dense-L1-d32"} and f["bracketed"] and f["baseline_diff"] == 0
+    want = [a - b for a, b in zip([2.55, 2.50, 2.51], [2.10, 2.12, 2.11])]
+    assert f["gaps"]["pld"].gaps == pytest.approx(want) and f["gaps"]["pld"].verdict == "loses"
+    assert "dense-L2" not in f["gaps"] and f["rows"]["pld"]["gaps"] == pytest.approx(want)
+    iso["cells"]["4x64"]["summary"]["rows"][0]["val_losses"] = [2.6, 2.52, 2.49]   # another baseline run
+    with pytest.raises(ValueError, match="do not share their baseline runs"):
+        frontier_gaps(iso, trend)
+
+
+def test_the_docs_table_and_the_readme_line_are_the_caches():
+    """docs/results.md holds isoflop_table(results/isoflop.json) verbatim, and the README states its exponents."""
+    from accellib import REPO_ROOT
+    from accellib.analysis.isoflop import isoflop_table
+    from accellib.analysis.results import load_result
+    res = load_result("isoflop")
+    table = isoflop_table(res)
+    assert table in (REPO_ROOT / "docs" / "results.md").read_text(), (
+        "docs/results.md: the IsoFLOP table differs from the cache; paste the output of python -c 'from "
+        "accellib.analysis.isoflop import isoflop_table; from accellib.analysis.results import load_result; "
+        "print(isoflop_table(load_result(\"isoflop\")))'")
+    s = scaling(res)
+    assert all(p.edge is None for p in profiles(res)) and len(s["optima"]) >= 3
+    assert max(o["flops"] for o in s["optima"]) / min(o["flops"] for o in s["optima"]) >= 10
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"a = {s['n_law'].text()}" in readme and f"b = {s['d_law'].text()}" in readme
+
+
+def test_generated_yamls_stay_out_of_the_comparisons_folder(tmp_path):
+    """A comparison's folder holds only accellib's files (issue 36 refuses any other), so every YAML that
+    benchmarks/ generates for a comparison is written beside its folder, never into it."""
+    import sys
+    from accellib import REPO_ROOT
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import isoflop
+    import reproduce
+    out = tmp_path / "runs" / "cmp"
+    for p in (reproduce.lr_sweep_yaml(out), isoflop.budget_yaml(out, "4x64@80")[0]):
+        assert p.parent == out.parent and p.is_file() and not out.exists()
+    arms = isoflop.budget_yaml(out, "4x64@80", {32: (0.5, 2.0)}, only_checks=True)[1]
+    assert arms == ["baseline", "lrx0.5-L1-d32", "lrx2-L1-d32"]
