@@ -178,3 +178,18 @@ def test_generated_yamls_stay_out_of_the_comparisons_folder(tmp_path):
         assert p.parent == out.parent and p.is_file() and not out.exists()
     arms = isoflop.budget_yaml(out, "4x64@80", {32: (0.5, 2.0)}, only_checks=True)[1]
     assert arms == ["baseline", "lrx0.5-L1-d32", "lrx2-L1-d32"]
+
+
+def test_lr_check_pairs_with_the_grid_and_says_whether_the_rule_is_interior():
+    from accellib.analysis.isoflop import lr_check
+    iso = dict(cells={"B": _cell({"baseline": [3.0, 3.1, 3.2], "dense-L1-d32": [2.0, 2.1, 2.2]})})
+    chk = dict(cells={"B": dict(_cell({"baseline": [3.0, 3.1, 3.2], "lrx0.5-L1-d32": [2.05, 2.16, 2.24],
+                                         "lrx2-L1-d32": [1.90, 2.0, 2.11]}),
+                                lr_check=dict(width=32, rule_arm="dense-L1-d32", multiples=[0.5, 2.0],
+                                              arms=["lrx0.5-L1-d32", "lrx2-L1-d32"]))})
+    out = lr_check(iso, chk)["B"]
+    assert out["gaps"][0.5].verdict == "loses" and out["gaps"][2.0].verdict == "wins" and out["interior"] is False
+    assert out["gaps"][2.0].gaps == pytest.approx((-0.1, -0.1, -0.09))
+    chk["cells"]["B"]["summary"]["rows"][0]["val_losses"] = [3.5, 3.1, 3.2]
+    with pytest.raises(ValueError, match="do not share their baseline runs"):
+        lr_check(iso, chk)

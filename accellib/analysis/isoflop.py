@@ -347,3 +347,25 @@ def isoflop_table(res: dict) -> str:
         lines += ["", f"N_opt ∝ C^a, a = {s['n_law'].text()}; D_opt ∝ C^b, b = {s['d_law'].text()} "
                       "(Hoffmann et al. 2022: a ≈ b ≈ 0.5)."]
     return "\n".join(lines)
+
+
+def lr_check(iso: dict, check: dict, tol: float = 1e-3) -> dict[str, dict]:
+    """Each budget's best model at other multiples of the rule's LR (results/isoflop_lr.json) against its run at the
+    rule's LR in the grid (results/isoflop.json), paired by seed: {budget: {"width", "gaps": {multiple: Paired}
+    (other LR minus the rule's), "interior": no other LR wins}}. Both caches must hold the same baseline runs."""
+    out = {}
+    for name, cell in check["cells"].items():
+        grid = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in iso["cells"][name]["summary"]["rows"]}
+        rows = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in cell["summary"]["rows"]}
+        diff = max(abs(rows["baseline"][k] - grid["baseline"][k]) for k in rows["baseline"])
+        if diff > tol:
+            raise ValueError(f"budget {name}: the LR check and the IsoFLOP grid do not share their baseline runs "
+                             f"(largest difference {diff:.2g} nats > {tol})")
+        c = cell["lr_check"]
+        rule = grid[c["rule_arm"]]
+        gaps = {}
+        for arm, m in zip(c["arms"], c["multiples"]):
+            seeds = [k for k in rows[arm] if k in rule]
+            gaps[m] = from_gaps([rows[arm][k] - rule[k] for k in seeds], what=f"{arm} at {name}", seeds=seeds)
+        out[name] = dict(width=c["width"], gaps=gaps, interior=all(p.verdict != "wins" for p in gaps.values()))
+    return out
