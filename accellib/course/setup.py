@@ -20,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import REPO_ROOT
 
 REPO_URL = "https://github.com/REPLACE-WITH-OWNER/accellib"      # placeholder: no public address is stated
 COLAB = "https://colab.research.google.com/github/REPLACE-WITH-OWNER/accellib/blob/main/notebooks/"
@@ -30,14 +29,20 @@ CPU_RUN = ["--train.device=cpu", "--train.precision=fp32"]
 DATA = {"shakespeare": ("shakespeare", "prepare_shakespeare.py"), "digits": ("digits", "prepare_digits.py")}
 
 
-def missing(names, root: Path = REPO_ROOT) -> list[str]:
+def _root(root: Path | None) -> Path:
+    from .. import REPO_ROOT            # at call time: an installed wheel without a checkout imports this module too
+    return REPO_ROOT if root is None else Path(root)
+
+
+def missing(names, root: Path | None = None) -> list[str]:
     """The data sets among `names` whose folder has no meta.json yet (what the scripts write last)."""
-    return [n for n in names if not (root / "data" / DATA[n][0] / "meta.json").is_file()]
+    return [n for n in names if not (_root(root) / "data" / DATA[n][0] / "meta.json").is_file()]
 
 
-def setup(*names: str, root: Path = REPO_ROOT, run=None) -> None:
+def setup(*names: str, root: Path | None = None, run=None) -> None:
     """Prepare each data set in `names` that is missing, with its script in data_scripts/. In a prepared
     checkout nothing runs and nothing is printed (and the cell shows no output)."""
+    root = _root(root)
     for n in missing(names or ("shakespeare",), root):
         print(f"preparing data/{DATA[n][0]} (python data_scripts/{DATA[n][1]}) ...", flush=True)
         (run or subprocess.run)([sys.executable, str(root / "data_scripts" / DATA[n][1])], cwd=root, check=True)
