@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "$(NO_PY)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,hf,track]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,hf,track,notebooks]'
 	touch $@
 
 data: $(DATA) $(DIGITS)

@@ -8,6 +8,8 @@ The layout is the architecture (docs/data_and_layout.md lists every module):
     drivers/     what builds several Trainers (V-cycle, comparison plan)
     analysis/    FLOPs, statistics, planner, trend, results, plotting      course/    the notebooks' checker
 """
+import os
+import sys
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -52,3 +54,25 @@ def __getattr__(name: str):
     if name == "REPO_ROOT":  # notebooks and tests: `from accellib import REPO_ROOT` (the checkout)
         return repo_root("accellib.REPO_ROOT")
     raise AttributeError(f"module 'accellib' has no attribute {name!r}")
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional extra `extra` (hf, track, notebooks, ...), as fits how accellib was installed: in a
+    checkout, the editable install of that extra; from a wheel, the extra's own packages (pip cannot add an extra
+    to a wheel it no longer has)."""
+    if CHECKOUT is not None:
+        return f"pip install -e '.[{extra}]' (in {CHECKOUT})"
+    try:
+        from importlib import metadata
+        reqs = [r.split(";")[0].strip() for r in metadata.requires("accellib") or []
+                if f'extra == "{extra}"' in r.replace("'", '"')]
+    except Exception:  # no metadata (sources on sys.path by hand)
+        reqs = []
+    return "pip install " + " ".join(f"'{r}'" for r in reqs) if reqs else f"pip install 'accellib[{extra}]'"
+
+
+def prog(command: str) -> str:
+    """The name a command line calls itself by in --help: the console script it was started as (accellib-train),
+    or `python -m accellib.train`."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name == f"accellib-{command}" else f"python -m accellib.{command}"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from . import prog
 from .drivers.arms import (CONTROLS, DENSE, arm_configs, baseline_arm, check_data, check_same_data, is_dense,
                            is_plain, load_arms, plan_runs)
 from .analysis.frontier import frontier, frontier_edge, paired_gaps  # noqa: F401 (the frontier rule, re-exported)
@@ -36,7 +37,8 @@ from .core.config import RunConfig, load_config
 from .core.tasks import make_task
 from .core.records import read_metrics, read_record, write_json
 from .core.launch import process_state
-from .core.run_dir import LOCK, file_lock, has_checkpoint, holds_run, main_decides
+from .core.run_dir import (LOCK, file_lock, has_checkpoint, holds_run, is_comparison, is_cwd, main_decides, make_folder,
+                            write_marker)
 from .analysis.stats import Paired, mean_sd, to_target
 from .train import USER_ERRORS, report, training_function
 
@@ -57,11 +59,18 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
     when the folder holds arms and neither --resume nor --overwrite says what to do with them)."""
     if resume and overwrite:
         raise ConfigError("--resume keeps finished arms and --overwrite replaces them; choose one")
+    if is_cwd(out):
+        raise ConfigError(f"--out {out} is the current folder; give the comparison a folder of its own, "
+                          "e.g. --out runs/quickstart")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the comparison")
     if holds_run(out) or (out / LOCK).exists():  # a training's files, or a training taking the folder now
         raise ConfigError(f"{out} is the folder of a training run, not of a comparison; give the comparison "
                           "a folder of its own with --out")
+    if out.is_dir() and not is_comparison(out) and (stray := sorted(p.name for p in out.iterdir())):
+        raise ConfigError(f"{out} holds files accellib did not write ({', '.join(stray[:3])}"
+                          f"{', ...' if len(stray) > 3 else ''}); a comparison needs a new or empty folder, or one "
+                          "of its own: choose another --out")
     held = [n for n in cfgs if holds_run(out / n)]
     if resume and not held and not (out / "budget.json").is_file():
         raise ConfigError(f"{out} holds no comparison to resume; check --out, or start the comparison "
@@ -111,6 +120,38 @@ def check_budget(out: Path, budget: str, seeds: int, overwrite: bool) -> None:
                           "or replace the comparison with --overwrite (or choose another --out)")
 
 
+def check_arm_names(arms: list[str] | None) -> None:
+    """--arms names each arm once, and at least one (one line otherwise: both used to run silently)."""
+    if arms is None:
+        return
+    if not [a for a in arms if a.strip()] or any(not a.strip() for a in arms):
+        raise ConfigError(f"--arms {','.join(arms)!r} names an empty arm; give comma-separated arm names, e.g. "
+                          "--arms baseline,pld (or leave --arms out to train every arm of the config)")
+    twice = sorted({a for a in arms if arms.count(a) > 1})
+    if twice:
+        raise ConfigError(f"--arms names {', '.join(twice)} more than once; name each arm once")
+
+
+FEW_STEPS = 0.25  # an arm given under this fraction of the baseline's steps is named (few_steps)
+
+
+def few_steps(runs: dict[str, RunConfig], plan: dict) -> list[str]:
+    """A warning line per arm that its budget gives too few steps to say anything: under FEW_STEPS of the
+    baseline's steps, or not even its LR warm-up (e.g. dense-L99 at the baseline's FLOPs)."""
+    lines = []
+    for label, cfg in runs.items():
+        arm = label.split("/")[0]
+        p = plan["per_seed"].get("0", {})
+        n, n0 = cfg.train.steps, p.get("baseline_steps") or p.get("steps", {}).get(plan["baseline"])
+        if arm == plan["baseline"] or n0 is None or label != (arm if plan["seeds"] == 1 else f"{arm}/seed{plan['seed0']}"):
+            continue
+        if n < FEW_STEPS * n0 or n <= cfg.optim.warmup_steps:
+            lines.append(f"warning: arm {arm} gets {n} optimizer step(s) at equal {plan['budget']} (the baseline {n0}; "
+                         f"its LR warm-up is {cfg.optim.warmup_steps}), too few to say anything about it; drop it, "
+                         "or compare at another budget")
+    return lines
+
+
 def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
              overrides: list[str] | None = None, overwrite: bool = False, resume: bool = False,
              budget: str = "steps", seeds: int = 1, control: str = "none") -> dict[str, dict]:
@@ -119,6 +160,7 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     out = Path(out)
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    check_arm_names(arms)
     cfgs = arm_configs(config, arms, overrides, control)
     ps = process_state(next(iter(cfgs.values())).train.device)  # launch/device errors before data errors
     check_data(cfgs)
@@ -133,18 +175,23 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     if ps.num_processes > 1:
         check_same_data(cfgs if base_cfg is None else {base: base_cfg, **cfgs}, ps.num_processes)
     runs, plan = plan_runs(cfgs, seeds, budget, ps.num_processes, stored, base_cfg)
+    if ps.is_main_process:
+        for line in few_steps(runs, plan):
+            print(line, flush=True)
 
     def decide():
         try:
             check_budget(out, budget, seeds, overwrite)
-            return None, arm_states(out, runs, resume, overwrite)
+            states = arm_states(out, runs, resume, overwrite)
+            make_folder(out)  # (a folder that cannot be created says so here, before anything is trained)
+            return None, states
         except ConfigError as e:
             return str(e), None
     err, states = main_decides(decide)
     if err:
         raise ConfigError(err)
     if ps.is_main_process:  # merged with what other invocations (e.g. `--arms pld`, in parallel) stored
-        out.mkdir(parents=True, exist_ok=True)
+        write_marker(out, "comparison")
         with file_lock(out / ".budget.lock"):
             now = json.loads(bfile.read_text()) if bfile.is_file() else {}
             if (now.get("budget"), now.get("seeds")) == (budget, seeds):
@@ -301,7 +348,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m accellib.compare", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("compare"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/tutorial.yaml")
     ap.add_argument("--out", default="runs/quickstart")
@@ -323,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lm-eval-limit", type=int, default=None, metavar="N", help="documents per lm-eval task")
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
-        results = run_arms(args.config, args.out, args.arms.split(",") if args.arms else None,
+        results = run_arms(args.config, args.out, args.arms.split(",") if args.arms is not None else None,
                            overrides, args.overwrite, args.resume, args.budget, args.seeds, args.control)
     except USER_ERRORS as e:
         return report(e)

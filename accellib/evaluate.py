@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import install_hint, prog
 from .core.options import ConfigError
 from .models.hf_gpt2 import ExportError, quiet_transformers
 from .export import export_run
@@ -61,6 +62,28 @@ def _quiet_git(lm_eval):
     if evaluator is None or not hasattr(evaluator, "get_git_commit_hash"):
         return contextlib.nullcontext()
     return mock.patch.object(evaluator, "get_git_commit_hash", _git_describe)
+
+def check_device(device: str) -> None:
+    """The device the harness scores on exists here (one-line EvaluateError otherwise): a device torch cannot
+    parse, or a GPU this machine does not have, used to fail deep in the harness or fall back without a word."""
+    import torch
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise EvaluateError(f"--device {device!r} is not a device; give cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EvaluateError(f"--device {device} but torch sees no CUDA GPU here (this torch is "
+                                f"{torch.__version__}); score on the CPU with --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise EvaluateError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                                f"cuda:{torch.cuda.device_count() - 1}")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise EvaluateError(f"--device {device} but torch sees no Apple GPU (MPS) here; use --device cpu")
+    elif d.type != "cpu":
+        raise EvaluateError(f"--device {device}: accellib.evaluate scores on cpu, cuda[:N] or mps")
+
 
 def validation_text(data_path: str | Path) -> str:
     """The held-out split of a token folder as text (bytes decoded, or the folder's tokenizer decoding)."""
@@ -157,12 +180,18 @@ def evaluate_run(run_dir: str | Path, tasks: tuple[str, ...] = LOCAL_TASKS, limi
     run_dir = Path(run_dir)
     if limit is not None and limit < 1:
         raise EvaluateError(f"--limit {limit} scores no document; give at least 1, or leave it out to score every document")
+    if not tasks or any(not t.strip() for t in tasks):
+        raise EvaluateError(f"--tasks {','.join(tasks)!r} names no task or an empty one; give comma-separated harness tasks, "
+                            f"e.g. --tasks {','.join(LOCAL_TASKS)} (the default)")
+    if batch_size < 1:
+        raise EvaluateError(f"--batch-size {batch_size} scores nothing per batch; give at least 1 (default 16)")
+    check_device(device)
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError:
-        raise EvaluateError("lm-evaluation-harness is missing: pip install -e '.[hf]'") from None
+        raise EvaluateError(f"lm-evaluation-harness is missing: {install_hint('hf')}") from None
     from .core.run_dir import lock_run, unlock_run
     if not (run_dir / "record.json").is_file():
         raise EvaluateError(f"{run_dir} has no record.json: evaluate a finished run (python -m accellib.train "
@@ -294,7 +323,7 @@ def _store(run_dir: Path, out: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m accellib.evaluate", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=prog("evaluate"), description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a finished run folder (accellib.train or one compare arm)")
     ap.add_argument("--tasks", default=",".join(LOCAL_TASKS),
@@ -306,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     quiet_transformers()
     try:
-        out = evaluate_run(a.run_dir, tuple(t for t in a.tasks.split(",") if t), a.limit, a.batch_size, a.device,
-                           a.progress)
+        out = evaluate_run(a.run_dir, tuple(a.tasks.split(",")) if a.tasks.strip() else (), a.limit, a.batch_size,
+                           a.device, a.progress)
     except (EvaluateError, ExportError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

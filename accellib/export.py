@@ -37,16 +37,16 @@ from pathlib import Path
 
 import torch
 
+from . import prog
 from .core.options import ConfigError
 from .core.config import load_config
 from .models.hf_gpt2 import (ExportError, _transformers, check_exportable, gpt2_config, quiet_transformers,
                              to_gpt2_state)
 from .models.transformer import ModelConfig, Transformer
 from .data import atomic_folder
-from .core.run_dir import checkpoint_folder, checkpoint_layout
+from .core.run_dir import EXPORT_FILES, checkpoint_folder, checkpoint_layout, checkpoint_state
 
-FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json", "chat_template.jinja", "accellib_export.json"}
+FILES = EXPORT_FILES  # what an export folder holds (run_dir knows them: an --overwrite of the run keeps anything else)
 MAX_LOGIT_DIFF = 1e-4  # an export whose logits differ more from accellib's is not written
 
 
@@ -81,7 +81,7 @@ def run_weights(run_dir: Path) -> tuple[object, dict, int]:
     except Exception as e:
         raise ExportError(f"{f} cannot be read ({type(e).__name__}); restore it or train the run again") from None
     if step is None:
-        step = _checkpoint_step(f.parent)
+        step = checkpoint_state(f.parent).get("step")
     return cfg, {k: v.float() for k, v in sd.items()}, step
 
 
@@ -103,14 +103,6 @@ def model_state_dict(f: Path) -> dict:
             sd = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=True)
         return sd["model"]  # Accelerate saves {"model": state_dict}
     return torch.load(f, map_location="cpu", weights_only=True)
-
-
-def _checkpoint_step(ck: Path) -> int | None:
-    """The TrainState's step from an Accelerate checkpoint folder (custom_checkpoint_0.pkl), if readable."""
-    try:
-        return int(torch.load(ck / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)["step"])
-    except Exception:
-        return None
 
 
 def lowp_note(cfg) -> tuple[dict | None, str | None]:
@@ -139,6 +131,11 @@ def export_run(run_dir: str | Path, out: str | Path, data: str | Path | None = N
     tokenizer whose folder is gone)."""
     run_dir, out = Path(run_dir), Path(out)
     _transformers()  # a one-line error before anything else needs it
+    try:  # where the export goes can be written (before the model is read)
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"--out {out} cannot be created ({e.strerror or type(e).__name__}); give a folder you "
+                          "can write to") from None
     cfg, sd, step = run_weights(run_dir)
     if data is not None and not Path(data).is_dir():
         raise ExportError(f"--data {data} does not exist; give the folder the run's corpus ({cfg.data.path}) "
@@ -171,6 +168,9 @@ def export_run(run_dir: str | Path, out: str | Path, data: str | Path | None = N
             (stage / "accellib_export.json").write_text(json.dumps(info, indent=1) + "\n")
     except FileExistsError as e:  # `out` holds files that are not an export
         raise ExportError(str(e)) from None
+    except OSError as e:  # no permission, a file where a folder should be, a full disk
+        raise ExportError(f"--out {out} cannot be written ({e.strerror or type(e).__name__}); give a folder you "
+                          "can write to") from None
     return info
 
 
@@ -213,7 +213,7 @@ def max_logit_diff(model: Transformer, hf_dir: Path, m: ModelConfig, n: int = 4,
 
 # ----------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m accellib.export", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=prog("export"), description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a run folder written by accellib.train (or a compare arm's folder)")
     ap.add_argument("--out", required=True, help="the transformers folder to write (replaced whole if it is an export)")

@@ -17,11 +17,12 @@ import os
 import sys
 from pathlib import Path
 
+from . import prog
 from .core.options import ConfigError
-from .core.config import RunConfig, help_text, load_config, read_yaml
+from .core.config import RunConfig, changed_options, help_text, load_config, read_yaml
 from .data.tokens import DataError
-from .core.launch import LaunchError, end_accelerate_launcher, fsdp_requested, process_state
-from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run
+from .core.launch import LaunchError, fsdp_requested, process_state, tell_elastic_launcher
+from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run, write_marker
 from .models.transformer import num_params
 from .core.trainer import Trainer, TrainingError
 
@@ -42,7 +43,7 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
         check_fsdp(build_techniques(cfg), cfg.model.kind)
     process_state(cfg.train.device)  # launch and device errors first: they say how to start the run
     from .core.tasks import make_task
-    task = make_task(cfg)
+    task = make_task(cfg, every_rank=True)  # every process, after process_state: one hashes the tokens
     data = task.data
     ml = cfg.techniques.get("multilevel")
     vcycle = ml is not None and ml.enabled
@@ -65,6 +66,7 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
             return str(e)
         if overwrite and holds_run(out):
             clear_run(out)
+        write_marker(out, "run")  # the folder is accellib's run (a resume's options go there once it is accepted)
         return None
     err = main_decides(decide)
     if err:
@@ -75,8 +77,8 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
         final = trainer.fit(resume=resume)
         if trainer.is_main:
             resumes = dict(resumes=trainer.state.resumes) if trainer.state.resumes else {}  # what each resume changed
-            write_record(out, cfg.to_dict(), final, trainer.accelerator,
-                         params=num_params(trainer.raw_model), **resumes)
+            write_record(out, cfg.to_dict(), final, trainer.accelerator, params=num_params(trainer.raw_model),
+                         distributed=trainer.distributed(), **resumes)
             set_style()
             save_fig(plot_val_curves({out.name: read_metrics(out)}, xs=("step", "flops", "wall")), out / "loss.png")
         trainer.accelerator.wait_for_everyone()
@@ -86,16 +88,34 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
             unlock_run(out)
 
 
-def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
-    """The stored config of a run plus overrides that a resume may change. One rule for every section:
-    an option declared with `opt(..., resume=True)` (cadences, logging, the machine, the optimizer's
-    numbers, train.steps; `--help` marks them) may change; any other change is refused, since the run's
-    records (config.yaml, record.json) could no longer say truly what trained it."""
+def kept_options(run_dir: Path) -> dict:
+    """The options the run's last resume set ({"optim.lr": 0.001}): from its marker, or, for a run resumed before
+    the marker kept them, from the last entry of `resumes` in its checkpoint's training state."""
+    from .core.run_dir import checkpoint_folder, checkpoint_state, read_marker
+    mark = read_marker(run_dir)
+    if isinstance(mark.get("resume"), dict):
+        return mark["resume"]
+    src = checkpoint_folder(run_dir)
+    resumes = checkpoint_state(src).get("resumes") if src is not None else None
+    try:
+        return {k: v[1] for k, v in resumes[-1]["changes"].items()} if resumes else {}
+    except (KeyError, TypeError, IndexError):  # not the shape accellib writes: nothing kept
+        return {}
+
+
+def resume_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, str]:
+    """The run's effective config (config.yaml with the options its last resume set) plus overrides that a resume
+    may change, and a line saying what the resume uses. One rule for every section: an option declared with
+    `opt(..., resume=True)` (cadences, logging, the machine, the optimizer's numbers, train.steps; `--help`
+    marks them) may change; any other change is refused, since the run's records (config.yaml, record.json)
+    could no longer say truly what trained it."""
     import dataclasses
+    import json
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} has no config.yaml; is it a run folder written by accellib.train?")
     stored = load_config(run_dir / "config.yaml")
-    cfg = load_config(run_dir / "config.yaml", overrides)
+    kept = {k: v for k, v in kept_options(run_dir).items() if k not in {o[2:].split("=", 1)[0] for o in overrides}}
+    cfg = load_config(run_dir / "config.yaml", [f"--{k}={json.dumps(v)}" for k, v in kept.items()] + overrides)
     show = lambda v: str(v).lower() if isinstance(v, bool) else v   # noqa: E731  (as typed)
     for section, obj in cfg.sections().items():
         old = stored.sections()[section]
@@ -107,7 +127,17 @@ def resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
             raise ConfigError(f"--{key}={show(new_v)} changes how the run in {run_dir} trains (it was trained with "
                               f"{key}={show(old_v)}); a resume may change only the options `python -m accellib.train "
                               "--help` marks, so drop it, or start a new run with --out")
-    return cfg
+    now = changed_options(run_dir / "config.yaml", cfg)
+    if not now:
+        note = f"resuming {run_dir} with its config.yaml"
+    else:
+        said = lambda ks: ", ".join(f"{k}={show(now[k])}" for k in ks)  # noqa: E731
+        mine = [k for k in now if k not in kept]
+        old_ones = [k for k in now if k in kept]
+        note = (f"resuming {run_dir} with its config.yaml and " + "; ".join(
+            ([f"{said(old_ones)} (kept from its last resume; give --KEY=VALUE to change it)"] if old_ones else [])
+            + ([f"{said(mine)} (from this command)"] if mine else [])))
+    return cfg, note
 
 
 def run_config(config: str | None, arm: str | None, overrides: list[str]) -> RunConfig:
@@ -127,19 +157,24 @@ def run_config(config: str | None, arm: str | None, overrides: list[str]) -> Run
 
 
 def report(e: Exception) -> int:
-    """Print a user error as one line (once, from rank 0); 2 is the exit status."""
+    """Print a user error as one line (once, from rank 0); 2 is the exit status. Under torchrun the line is also
+    torchrun's error file, so torchrun's failure report (which follows it) repeats our line, not a traceback hint.
+    Under `accelerate launch`'s one-process launcher (the `--cpu --num_processes N` mis-launch) the launcher
+    then exits 1 with its own CalledProcessError naming our status 2: the status of a launcher is the launcher's,
+    and ending it with a signal to spare its report (as accellib once did) made it 143, read as "preempted"."""
     import torch.distributed as dist
+    line = f"error: {e}"
     if os.environ.get("RANK", "0") == "0":
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
+    tell_elastic_launcher(line)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # a clean exit: gloo aborts a process that leaves its group open
-    end_accelerate_launcher()
     return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m accellib.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("train"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="options (--section.key=value):\n" + help_text())
     ap.add_argument("--config", help="YAML config (see configs/)")
@@ -155,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.overwrite or args.config:
                 raise ConfigError("--resume continues a run with its own config; drop --config/--overwrite")
             run_dir = Path(args.resume)
-            final = training_function(resume_config(run_dir, overrides), run_dir, resume=True)
+            cfg, note = resume_config(run_dir, overrides)
+            if os.environ.get("RANK", "0") == "0":
+                print(note, flush=True)
+            final = training_function(cfg, run_dir, resume=True)
         else:
             if not args.out:
                 raise ConfigError("--out is required (the folder for metrics, checkpoints and the record)")

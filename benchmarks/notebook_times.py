@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's accellib, installed or not (as every benchmark)
 from accellib.core.records import environment, write_json  # noqa: E402
 
 OUT = ROOT / "results" / "notebook_times.json"

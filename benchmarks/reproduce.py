@@ -41,6 +41,11 @@ The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 toke
   long_timing        seconds per step of every arm of that config, paired and interleaved on one core (as
                      tutorial_timing): the wall-time ratios that do not depend on what else ran on the machine
 
+The compute-optimal picture (benchmarks/isoflop.py; notebooks 00 and 09):
+  isoflop            IsoFLOP profiles: one-block plain models of widths 16-128 trained to each of four budgets
+                     spanning 10x (the scale trend's baselines, the tutorial budget among them), 3 seeds, with
+                     each budget's minimum bracketed and re-trained at 0.5x and 2x its LR
+
 Each arm of an experiment is one `compare --arms <arm>` process (one torch thread); `--jobs` of them run
 at once, then one `compare --resume` over all arms prints the table and writes summary.json.
 """
@@ -63,6 +68,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from accellib.drivers.arms import DENSE, arm_configs, check_data, dense_arms, is_plain  # noqa: E402
 from accellib.core.records import environment, read_metrics, write_json  # noqa: E402
 from accellib.core.options import ConfigError  # noqa: E402
+import isoflop  # noqa: E402  (benchmarks/isoflop.py)
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
@@ -284,6 +290,7 @@ def main() -> int:
         "tutorial_frontier": lambda: compare(CONFIG, runs / "tutorial_frontier", ["baseline", *TUTORIAL_FRONTIER],
                                              "flops", headline, extra, args.jobs),
         "tutorial_timing": lambda: timing(CONFIG, args.quick),
+        "isoflop": lambda: isoflop.build(runs / "isoflop", seeds, compare, regime_record, args.jobs, extra),
         "tutorial_lr_sweep": lambda: compare(lr_sweep_yaml(runs / "tutorial_lr_sweep"), runs / "tutorial_lr_sweep",
                                              ["baseline", *sweep_arms()], "steps", seeds, extra, args.jobs),
         "tutorial_steps": lambda: compare(CONFIG, runs / "tutorial_steps", arms, "steps", headline, extra, args.jobs),

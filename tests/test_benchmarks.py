@@ -90,3 +90,19 @@ def test_scaling_grid_every_size_and_arm_is_a_valid_config():
                     plan_stages(cfg)                  # the V-cycle merges pairs of blocks and of heads
                 assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.head_dim) == (L, d, scaling.HEAD_DIM)
                 assert cfg.optim.lr == pytest.approx(scaling.BASE_LR * scaling.BASE_WIDTH / d, rel=1e-5)
+
+
+def test_every_benchmark_runs_from_the_checkout_without_installing(tmp_path):
+    # issue 36: before, `python benchmarks/notebook_times.py --help` failed with "No module named 'accellib'" outside
+    # an environment that had installed the package. An `accellib` on PYTHONPATH that refuses to import stands for
+    # "not installed" (or another copy installed): each script must use this checkout's.
+    shadow = tmp_path / "shadow" / "accellib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not the checkout this script is in')\n")
+    env = {**ENV, "PYTHONPATH": str(shadow.parent)}
+    scripts = [p for p in sorted((ROOT / "benchmarks").glob("*.py")) if "argparse" in p.read_text()]
+    assert any(p.name == "notebook_times.py" for p in scripts)
+    for script in scripts:
+        p = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0 and "usage:" in p.stdout, (script.name, p.stderr[-1500:])

@@ -60,6 +60,7 @@ def test_torchrun_cli_two_processes(tiny_data_dir, tmp_path):
     assert "2 process(es)" in p.stdout and p.stdout.count("final:") == 1
     rec = json.loads((tmp_path / "run" / "record.json").read_text())
     assert rec["environment"]["num_processes"] == 2
+    assert "2 process(es), DDP" in p.stdout and rec["distributed"]["type"] == "DDP" and rec["distributed"]["world_size"] == 2
 
 
 @pytest.mark.timeout(120)
@@ -166,3 +167,80 @@ def test_torchrun_compare_of_a_data_parallel_and_an_engine_arm_is_refused(tiny_d
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "arm ouroboros sees" in errors[0], p.stderr[-3000:]
     assert "ChildFailedError" in p.stderr          # torchrun's own report follows (README, "Bad input")
+
+
+def _hash_on_two_ranks(data_dir, log_dir):
+    """Each rank loads the token folder (verify=full) and records which files it hashed; then rank 0 damages
+    train.bin and both load it again."""
+    from accelerate.state import AcceleratorState
+    import accellib.data.tokens as tokens
+    from accellib.core.launch import process_state
+    ps = process_state("cpu")
+    seen, scan = [], tokens._scan
+    tokens._scan = lambda path, ids: seen.append(path.name) or scan(path, ids)
+    tokens.load_token_data(data_dir, verify="full", every_rank=True)
+    ps.wait_for_everyone()
+    if ps.is_main_process:
+        raw = bytearray((Path(data_dir) / "train.bin").read_bytes())
+        raw[10] ^= 1
+        (Path(data_dir) / "train.bin").write_bytes(bytes(raw))
+    ps.wait_for_everyone()
+    try:
+        tokens.load_token_data(data_dir, verify="full", every_rank=True)
+        err = None
+    except tokens.DataError as e:
+        err = str(e)
+    Path(log_dir, f"rank{ps.process_index}.json").write_text(json.dumps(dict(hashed=seen, err=err)))
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.timeout(180)
+def test_token_files_are_hashed_on_one_rank_and_the_verdict_shared(tiny_data_dir, tmp_path):
+    # issue 36: before, every rank of a job hashed every token file (an 8-GPU job read ~17 GB eight times)
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    launch_processes(_hash_on_two_ranks, (data, tmp_path), 2, timeout_s=150)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert sorted(r0["hashed"]) == ["train.bin", "train.bin", "val.bin"] and r1["hashed"] == []
+    assert r0["err"] == r1["err"] and "train.bin is corrupt" in r0["err"]
+
+
+def _open_on_the_main_process_only(data_dir, log_dir):
+    """The main process alone opens the token folder and its reference losses (as compare's figure and its
+    lm-eval scoring do) while the other process goes on; a collective there would wait for a process that never
+    comes (and fail with "connection closed by peer" once it exits)."""
+    from accelerate.state import AcceleratorState
+    import torch.distributed as dist
+    import accellib.data.tokens as tokens
+    from accellib.core.config import load_config
+    from accellib.core.launch import process_state
+    from accellib.core.tasks import make_task
+    ps = process_state("cpu")
+    calls = []
+
+    def collective(*a, **k):  # recorded, not run: run on one rank it would hang this test
+        calls.append("all_gather_object")
+        raise RuntimeError("a collective on one process")
+    dist.all_gather_object = collective
+    err = None
+    if ps.is_main_process:
+        try:
+            tokens.load_token_data(data_dir, verify="full")
+            make_task(load_config(None, tiny_overrides(data_dir))).references()
+        except Exception as e:  # noqa: BLE001 (reported to the test)
+            err = f"{type(e).__name__}: {e}"
+    Path(log_dir, f"rank{ps.process_index}.json").write_text(json.dumps(dict(calls=calls, err=err)))
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_token_folder_opened_on_one_process_is_not_a_collective(tiny_data_dir, tmp_path):
+    # compare under torchrun lost a worker: its main process alone drew the figure's reference lines, whose token
+    # folder load shared the hash verdict by a collective the other (finished) process never joined
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    launch_processes(_open_on_the_main_process_only, (data, tmp_path), 2, timeout_s=150)
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert r0 == dict(calls=[], err=None), r0

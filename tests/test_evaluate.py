@@ -149,3 +149,17 @@ def test_evaluation_outside_a_git_checkout_prints_no_git_error(trained, tmp_path
     assert evaluate_main([str(trained), "--limit", "1"]) == 0
     err = capfd.readouterr().err
     assert "fatal" not in err and "not a git repository" not in err
+
+
+@pytest.mark.parametrize("args,msg", [(["--tasks", ""], "names no task"), (["--tasks", "corpus_ppl,"], "an empty one"),
+                                      (["--batch-size", "0"], "--batch-size 0"), (["--device", "foo"], "is not a device"),
+                                      (["--device", "cuda"], "no CUDA GPU here"), (["--device", "cuda:7"], "no CUDA GPU")])
+def test_bad_evaluate_arguments_are_one_line(args, msg, trained, capsys, monkeypatch):
+    # issue 36 item 6: before, --tasks "" and --batch-size 0 ended in tracebacks, --device cuda on a CPU-only torch
+    # too, and a bogus --device ran (exit 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = (trained / "record.json").read_text()
+    assert evaluate_main([str(trained), "--limit", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.startswith("error: ") and err.count("\n") == 1, err
+    assert (trained / "record.json").read_text() == before

@@ -292,3 +292,26 @@ def test_a_moved_corpus_says_why_there_is_no_tokenizer(tiny_data_dir, tmp_path, 
     assert export_main([str(run), "--out", str(tmp_path / "hf"), "--data", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--data" in err and "nowhere" in err, err
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "read_only"])
+def test_an_out_that_cannot_be_created_is_one_line(where, tiny_cfg, tmp_path, capsys):
+    # issue 36 item 6: before, a traceback (NotADirectoryError / PermissionError)
+    import os
+    from accellib.export import main as export_main
+    from accellib.train import training_function
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 1}), run)
+    (tmp_path / "f").write_text("a file")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    out = tmp_path / "f" / "hf" if where == "under_a_file" else ro / "sub" / "hf"
+    try:
+        if where == "read_only" and os.access(ro, os.W_OK):
+            pytest.skip("running as a user who may write anywhere")
+        assert export_main([str(run), "--out", str(out)]) == 2
+    finally:
+        ro.chmod(0o700)
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "cannot be created" in err and err.count("\n") == 1, err

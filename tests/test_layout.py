@@ -165,10 +165,23 @@ def test_wheel_imports_and_runs_outside_the_checkout(tmp_path):
     wheel, = (tmp_path / "dist").glob("accellib-*.whl")
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
-        z.extractall(site)
-        packed = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in z.namelist()
+        names = z.namelist()
+        packed = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in names
                   if n.startswith("accellib/") and n.endswith(".py")}
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        scripts = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert packed == set(modules()), f"the wheel's modules differ: {sorted(packed ^ set(modules()))}"
+    # issue 36: what runs, and only that (the notebook stack is the `notebooks` extra); PEP 561's marker; the scripts
+    assert "accellib/py.typed" in names
+    needs = {re.split(r"[<>=!~ ;]", ln.split(":", 1)[1].strip())[0].lower() for ln in meta.splitlines()
+             if ln.startswith("Requires-Dist:") and "extra ==" not in ln}
+    assert {"torch", "accelerate", "scipy"} <= needs and not needs & {"jupyterlab", "ipywidgets", "notebook"}, needs
+    assert 'extra == "notebooks"' in meta
+    for cmd in COMMANDS:
+        assert f"accellib-{cmd} = accellib.{cmd}:main" in scripts, scripts
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
+                              str(site), str(wheel)], capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert install.returncode == 0, install.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
     script = ("import importlib, sys\n"
               f"mods = {sorted(packed)!r}\n"
@@ -185,3 +198,10 @@ def test_wheel_imports_and_runs_outside_the_checkout(tmp_path):
         r = subprocess.run([sys.executable, "-m", f"accellib.{cmd}", "--help"], capture_output=True, text=True,
                            cwd=tmp_path, env=env, timeout=240)
         assert r.returncode == 0 and "usage:" in r.stdout, (cmd, r.stderr[-2000:])
+        r = subprocess.run([str(site / "bin" / f"accellib-{cmd}"), "--help"], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, timeout=240)
+        assert r.returncode == 0 and f"usage: accellib-{cmd}" in r.stdout, (cmd, r.stderr[-2000:])
+    # an error naming an optional package says how to install it into this (non-checkout) install
+    r = subprocess.run([sys.executable, "-c", "import accellib; print(accellib.install_hint('hf'))"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
+    assert r.stdout.startswith("pip install 'transformers") and "install -e" not in r.stdout, r.stdout

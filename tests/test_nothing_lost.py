@@ -351,3 +351,135 @@ def test_compare_resume_with_nothing_to_resume_is_refused(tiny_data_dir, tmp_pat
     assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline"]) == 0
     assert compare_main(["--config", str(cfg), "--out", str(out), "--resume"]) == 0   # adds pld: resumes the comparison
     assert (out / "pld" / "record.json").is_file()
+
+
+# ----------------------------------------------------------------------------- issue 36: what --overwrite may delete
+def _users_folder(root: Path) -> tuple[Path, dict]:
+    """A folder of the user's own files under the names accellib writes (the issue's reproduction)."""
+    d = root / "mine"
+    files = {"config.yaml": "my: own config\n", "checkpoints/model_epoch9.pt": "weights",
+             "tensorboard/notes.txt": "mine", "hf/README.md": "my export"}
+    for name, text in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+    return d, files
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_of_the_users_files_is_never_replaced(tiny_data_dir, tmp_path, capsys, overwrite):
+    # issue 36 item 1: before, "already holds a run ... replace it with --overwrite", and --overwrite replaced the
+    # user's config.yaml and deleted checkpoints/, tensorboard/ and hf/
+    d, files = _users_folder(tmp_path)
+    argv = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(d)] + tiny_overrides(tiny_data_dir)
+    assert main(argv + (["--overwrite"] if overwrite else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "accellib did not write" in err, err
+    assert "--overwrite" not in err.split(";")[0] and "replace it with --overwrite" not in err
+    assert {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} == set(files)
+    assert all((d / n).read_text() == t for n, t in files.items())
+
+
+def test_overwrite_keeps_what_accellib_did_not_write_in_a_run(tiny_cfg, tmp_path, capsys):
+    # a real run, into whose checkpoints/ the user put a file of their own: --overwrite refuses rather than delete it
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 2}), run)
+    (run / "checkpoints" / "model_epoch9.pt").write_text("mine")
+    (run / "notes.txt").write_text("mine too")                    # outside accellib's names: kept by any overwrite
+    argv = ["--config", str(run / "config.yaml"), "--out", str(run), "--overwrite", "--train.steps=3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "checkpoints/model_epoch9.pt" in err and "would delete" in err, err
+    assert (run / "checkpoints" / "model_epoch9.pt").read_text() == "mine" and (run / "checkpoints" / "last").is_dir()
+    (run / "checkpoints" / "model_epoch9.pt").unlink()
+    assert main(argv) == 0
+    assert read_metrics(run)[-1]["step"] == 3 and (run / "notes.txt").read_text() == "mine too"
+
+
+def test_a_run_written_before_the_marker_is_still_a_run(tiny_cfg, tmp_path, capsys):
+    from accellib.core.run_dir import MARKER, holds_run
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 2}), run)
+    (run / MARKER).unlink()
+    assert holds_run(run)
+    assert main(["--resume", str(run), "--train.steps=3"]) == 0 and (run / MARKER).is_file()
+
+
+@pytest.mark.parametrize("out", [".", ""])
+def test_the_current_folder_is_refused(tiny_data_dir, tmp_path, monkeypatch, capsys, out):
+    # issue 36 item 1: before, `train --out .` and `compare --out ""` wrote a run or a comparison into the checkout's root
+    (tmp_path / "c").mkdir()
+    cfg = _small_yaml(tmp_path / "c", tiny_data_dir)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["--out", out] + tiny_overrides(tiny_data_dir)) == 2
+    err = capsys.readouterr().err
+    assert ("is the current folder" if out else "--out is required") in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert compare_main(["--config", str(cfg), "--out", out, "--arms", "baseline"]) == 2
+    err = capsys.readouterr().err
+    assert "is the current folder" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_training_into_a_comparisons_folder_is_refused(tiny_data_dir, tmp_path, capsys):
+    # issue 36 item 5: before, it was accepted, and the comparison could then neither --resume nor add an arm
+    cfg, out = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline"]) == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert main(["--out", str(out)] + tiny_overrides(tiny_data_dir)) == 2
+    err = capsys.readouterr().err
+    assert "is the folder of a comparison" in err and err.count("\n") == 1, err
+    assert main(["--out", str(out), "--overwrite"] + tiny_overrides(tiny_data_dir)) == 2
+    assert sorted(p.name for p in out.iterdir()) == files
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--resume"]) == 0   # still resumable: adds pld
+
+
+def test_compare_into_a_folder_of_the_users_files_is_refused(tiny_data_dir, tmp_path, capsys):
+    cfg = _small_yaml(tmp_path, tiny_data_dir)
+    d, files = _users_folder(tmp_path)
+    for extra in ([], ["--overwrite"]):
+        assert compare_main(["--config", str(cfg), "--out", str(d), "--arms", "baseline", *extra]) == 2
+        assert "accellib did not write" in capsys.readouterr().err
+    assert {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} == set(files)
+
+
+# ----------------------------------------------------------------------------- issue 36: a resume's options
+def test_a_plain_resume_continues_with_the_last_resumes_options(tiny_cfg, tmp_path, capsys):
+    # issue 36 item 3: before, a plain --resume after `--resume --optim.lr=1e-3` went back to config.yaml's LR
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 4, "train.checkpoint_every": 2}), run)
+    capsys.readouterr()
+    assert main(["--resume", str(run), "--train.steps=6", "--optim.lr=0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from step 4" in out and "optim.lr=0.001, train.steps=6 (from this command)" in out, out
+    assert main(["--resume", str(run), "--train.steps=8"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from step 6" in out and "optim.lr=0.001 (kept from its last resume" in out, out
+    assert "train.steps=8 (from this command)" in out
+    from accellib.core.schedules import WarmupCosine
+    after = [r for r in read_metrics(run) if r["step"] > 6]              # before: the cosine of config.yaml's 5e-3
+    assert after and all(r["lr"] == pytest.approx(WarmupCosine(0.001, 2, 8, 0.1).at(r["step"] - 1)) for r in after)
+    assert [r["changes"] for r in json.loads((run / "record.json").read_text())["resumes"]] == \
+        [{"optim.lr": [0.005, 0.001], "train.steps": [4, 6]}, {"optim.lr": [0.005, 0.001], "train.steps": [4, 8]}]
+    assert main(["--resume", str(run), "--train.steps=9", "--optim.lr=0.005"]) == 0   # set back explicitly
+    assert "optim.lr" not in capsys.readouterr().out.splitlines()[0]
+
+
+# ----------------------------------------------------------------------------- issue 36: keeping N checkpoints
+def test_keep_checkpoints_keeps_the_newest_n(tiny_cfg, tmp_path):
+    # before: only checkpoints/last was ever kept (1.49 GB at GPT-2 small; no way to keep more)
+    from accellib.core.run_dir import checkpoint_state
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 8, "train.checkpoint_every": 2, "train.keep_checkpoints": 3}), run)
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["last", "step_4", "step_6"]
+    assert [checkpoint_state(ck / n)["step"] for n in ("step_4", "step_6", "last")] == [4, 6, 8]
+    one = tmp_path / "one"
+    training_function(tiny_cfg(**{"train.steps": 8, "train.checkpoint_every": 2}), one)   # the default: last only
+    assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["last"]
+    # a resume with fewer kept prunes to it; a kill between the swap's two renames resumes from the newest kept one
+    assert main(["--resume", str(run), "--train.steps=10", "--train.keep_checkpoints=2"]) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["last", "step_8"]
+    (ck / "last").rename(ck / ".tmp")                                # as if killed between the two renames
+    assert main(["--resume", str(run), "--train.steps=12"]) == 0
+    assert read_metrics(run)[-1]["step"] == 12 and [r["step"] for r in read_metrics(run)].count(9) == 1

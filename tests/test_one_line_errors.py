@@ -91,20 +91,43 @@ def test_damaged_checkpoint(damage, finished_run, capsys):
     assert (finished_run / "metrics.jsonl").read_text() == metrics  # nothing truncated or appended
 
 
-def test_accelerate_cpu_launch_trap_shows_only_our_line(tiny_data_dir, tmp_path):
-    # `accelerate launch --cpu --num_processes 2` starts one process; before, accelerate's
-    # CalledProcessError traceback was printed after our line
+def test_accelerate_cpu_launch_trap_is_refused_first_and_not_as_a_preemption(tiny_data_dir, tmp_path):
+    # `accelerate launch --cpu --num_processes 2` starts one process. Round 3: accelerate's CalledProcessError
+    # traceback followed our line; then accellib ended the launcher with SIGTERM, whose status 143 schedulers read as
+    # "preempted" (issue 36). Now our line comes first and the launcher's status is its own failure status (1), its
+    # report naming our exit status 2.
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     res = subprocess.run([accelerate, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "accellib.train",
                           "--out", str(tmp_path / "r")] + tiny_overrides(tiny_data_dir),
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, (res.returncode, res.stderr[-2000:])
+    lines = res.stderr.splitlines()
+    errors = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+    assert len(errors) == 1 and "starts only ONE process" in lines[errors[0]], res.stderr
+    assert errors[0] < next(i for i, ln in enumerate(lines) if ln.startswith("Traceback"))
+    assert "returned non-zero exit status 2" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_refusal_under_torchrun_comes_first_and_is_torchruns_root_cause(tiny_data_dir, tmp_path):
+    # issue 36 item 7: before, torchrun's report followed our line and said only "To enable traceback see: ..."
+    from accellib.core.launch import _free_port
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([torchrun, "--nproc_per_node", "2", f"--master_port={_free_port()}", "-m", "accellib.train",
+                          "--out", str(tmp_path / "r"), "--train.no_such_key=1"] + tiny_overrides(tiny_data_dir),
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
-    assert "starts only ONE process" in res.stderr and "Traceback" not in res.stderr, res.stderr
-    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+    assert len(errors) == 1 and "unknown config key 'train.no_such_key'" in lines[errors[0]], res.stderr
+    assert errors[0] == 0, res.stderr[:2000]                       # the first line of the output
+    root = res.stderr[res.stderr.index("Root Cause"):]
+    assert "error: unknown config key 'train.no_such_key'" in root and "To enable traceback" not in root, root
 
 
 def test_gpu_config_without_cuda_fails_before_anything_else(tmp_path, capsys, monkeypatch):
@@ -186,7 +209,7 @@ def test_a_resume_may_change_only_the_options_marked_so(tiny_data_dir, tmp_path)
             "optim.name", "pld.enabled", "pld.gamma", "ouroboros.modules"} <= set(refused)
     assert set(may) == {"train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every",
                         "train.progress", "train.device", "train.threads", "train.compile", "train.compile_backend",
-                        "train.stop_on_divergence",
+                        "train.stop_on_divergence", "train.keep_checkpoints",
                         "train.peak_flops", "data.verify", "log.trackers", "log.project", "optim.lr",
                         "optim.min_lr_ratio", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
                         "optim.beta2", "optim.momentum", "optim.grad_clip", "layered_accumulation.emulate_mbps",
@@ -227,3 +250,71 @@ def test_a_tracker_project_that_leaves_the_run_folder_is_one_line(project, tiny_
                    ["--log.trackers=tensorboard", f"--log.project={project}"])
     assert f"log.project={project!r}" in err and "plain name" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- issue 36 item 6
+def _cmp_yaml(tmp_path, data_dir):
+    from test_nothing_lost import _small_yaml
+    return _small_yaml(tmp_path, data_dir)
+
+
+def test_an_out_that_cannot_be_created_is_one_line(tiny_data_dir, tmp_path, capsys):
+    # before: NotADirectoryError tracebacks from train and compare
+    from accellib.compare import main as compare_main
+    (tmp_path / "f").write_text("keep me")
+    err = one_line(capsys, ["--out", str(tmp_path / "f" / "run")] + tiny_overrides(tiny_data_dir))
+    assert "cannot be created" in err and "--out" in err
+    assert compare_main(["--config", str(_cmp_yaml(tmp_path, tiny_data_dir)), "--out", str(tmp_path / "f" / "cmp"),
+                         "--arms", "baseline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "cannot be created" in err and "\n" not in err, err
+    assert (tmp_path / "f").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("arms,msg", [("baseline,baseline", "more than once"), ("", "names an empty arm"),
+                                      ("baseline,", "names an empty arm")])
+def test_compare_arms_named_twice_or_none_are_one_line(arms, msg, tiny_data_dir, tmp_path, capsys):
+    # before: both ran silently (--arms "" trained every arm)
+    from accellib.compare import main as compare_main
+    out = tmp_path / "cmp"
+    assert compare_main(["--config", str(_cmp_yaml(tmp_path, tiny_data_dir)), "--out", str(out), "--arms", arms]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_dense_arms_of_a_fixed_size_model_are_refused(digits_dir, tmp_path, capsys):
+    # issue 36 item 4: before, --control dense on the digits CNN trained dense-L1..L3 as byte-identical copies of the
+    # baseline (the CNN ignores n_layer), and the table called them 1-3-block models
+    from accellib.compare import main as compare_main
+    for extra in (["--control", "dense"], ["--arms", "baseline,dense-L2"]):
+        assert compare_main(["--config", str(ROOT / "configs" / "digits_cnn.yaml"), "--out", str(tmp_path / "c"),
+                             f"--data.path={digits_dir}", "--train.steps=2", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "fixed size" in err and "model.kind=cnn" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_arm_with_almost_no_steps_is_named(tiny_data_dir, tmp_path, capsys):
+    # issue 36 item 6: before, dense-L99 at the baseline's FLOPs got a couple of steps without a word
+    from accellib.compare import main as compare_main
+    argv = ["--config", str(_cmp_yaml(tmp_path, tiny_data_dir)), "--out", str(tmp_path / "cmp"), "--budget", "flops",
+            "--arms", "baseline,dense-L40", "--train.steps=20"]
+    assert compare_main(argv) == 0
+    out = capsys.readouterr().out
+    warned = [ln for ln in out.splitlines() if ln.startswith("warning: arm dense-L40")]
+    assert len(warned) == 1 and "too few" in warned[0] and "the baseline 20" in warned[0], out
+    assert "warning: arm baseline" not in out
+
+
+def test_token_ids_are_checked_without_a_checksum(tiny_data_dir, tmp_path, capsys):
+    # before: a meta.json without sha256 skipped the id check, so ids >= vocab_size ended in an IndexError
+    import json
+    d = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, d)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "sha256"} | {"vocab_size": 100}))
+    (d / ".verified.json").unlink(missing_ok=True)
+    err = one_line(capsys, ["--out", str(tmp_path / "r")] + tiny_overrides(d))
+    assert "holds token id" in err and "vocab_size is 100" in err
+    assert not (tmp_path / "r").exists()

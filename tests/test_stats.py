@@ -100,3 +100,20 @@ def test_time_to_target_keeps_censored_seeds_at_their_budget():
 def test_mean_se():
     assert mean_se([1.0, 2.0, 3.0]) == (2.0, pytest.approx(1 / math.sqrt(3)))
     assert mean_se([4.0]) == (4.0, 0.0)
+
+
+def test_student_t_is_scipys():
+    # issue 36: the quantile came from a hand-written incomplete beta and a bisection (to ~1e-10); the one rule now
+    # reads scipy.stats, so its intervals are scipy's to the last bit, at any df and level
+    from scipy.stats import t as student_t
+    from accellib.analysis import stats
+    for df in (0.5, 1, 2, 4, 9, 30, 1000):
+        for p in (1e-9, 0.025, 0.3, 0.5, 0.8, 0.975, 0.999999):
+            assert stats.t_quantile(p, df) == student_t.ppf(p, df)
+            assert stats.t_cdf(stats.t_quantile(p, df), df) == student_t.cdf(student_t.ppf(p, df), df)
+    assert not hasattr(stats, "_betainc") and not hasattr(stats, "_betacf")
+    d = paired([2.10, 2.12, 2.08], [2.15, 2.16, 2.14])
+    half = student_t.ppf(0.975, 2) * d.se
+    assert (d.lo, d.hi) == (d.mean - half, d.mean + half)
+    for name in ("t_quantile", "t_cdf", "paired", "from_gaps", "to_target", "Paired", "Ratio", "RESOLUTION"):
+        assert hasattr(stats, name)   # the module's interface is unchanged

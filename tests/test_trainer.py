@@ -1,4 +1,6 @@
 """The training loop: it learns, resumes exactly, and fails loudly without losing anything."""
+import math
+
 import pytest
 
 from accellib.data.tokens import DataError
@@ -24,6 +26,7 @@ def test_loss_decreases_and_outputs_written(tiny_cfg, tmp_path):
     assert recs[-1]["tokens"] == 30 * 16 * 32
     rec = read_record(tmp_path / "run")
     assert rec["final"]["val_loss"] == final["val_loss"] and rec["environment"]["versions"]["torch"]
+    assert rec["distributed"] == {"type": "single process", "world_size": 1, "backend": "NO"}
     for f in ("config.yaml", "loss.png", "checkpoints/last"):
         assert (tmp_path / "run" / f).exists()
 
@@ -125,8 +128,73 @@ def test_a_diverging_loss_is_flagged_at_log_steps(tiny_cfg, tmp_path, capsys):
 
 
 def test_stop_on_divergence_stops_at_the_first_flagged_log_step(tiny_cfg, tmp_path):
-    with pytest.raises(TrainingError, match="diverging") as e:
+    with pytest.raises(TrainingError, match="diverged") as e:
         training_function(tiny_cfg(**DIVERGE, **{"train.stop_on_divergence": True}), tmp_path / "run")
     assert "\n" not in str(e.value)
     recs = read_metrics(tmp_path / "run")
     assert "warning" in recs[-1] and not any("warning" in r for r in recs[:-1])   # the flagged line is kept
+    assert recs[-1]["val_loss"] > recs[-1]["train_loss"] - 5   # validation was asked at the flagged step
+
+
+def _advice(err: str) -> list[str]:
+    """The command line a divergence error advises (after 'python -m accellib.train')."""
+    import shlex
+    return shlex.split(err.split("python -m accellib.train ", 1)[1].split(" (or raise", 1)[0])
+
+
+def test_a_one_step_spike_does_not_stop_the_run(tiny_cfg, tmp_path, monkeypatch):
+    # issue 36 item 2: before, a one-step spike of the training loss (validation at the run's best) stopped the run
+    orig = Trainer._accumulate
+
+    def spike(self, loss, grad_norm, metrics):   # the logged loss of step 6 jumps by 5 nats; the weights do not
+        return orig(self, loss + 5.0 if self.state.step == 5 else loss, grad_norm, metrics)
+    monkeypatch.setattr(Trainer, "_accumulate", spike)
+    final = training_function(tiny_cfg(**{"train.steps": 10, "train.stop_on_divergence": True,
+                                          "train.checkpoint_every": 2}), tmp_path / "run")
+    recs = read_metrics(tmp_path / "run")
+    assert final["step"] == 10 and [r["step"] for r in recs if "warning" in r] == [6]
+    assert "val_loss" in recs[5]                  # validation was asked, and said it was a spike
+
+
+def test_a_divergence_keeps_the_checkpoint_from_before_it_and_its_advice_works(tiny_data_dir, tmp_path, capsys):
+    # issue 36 item 2: the LR climbs to 0.8 over a warm-up, a checkpoint every 2 steps, a log line every 10: before, the
+    # checkpoint kept was written after the divergence began, and resuming as advised stopped again at once
+    run = tmp_path / "run"
+    argv = ["--out", str(run)] + tiny_overrides(tiny_data_dir, **{
+        "optim.lr": 1.0, "optim.warmup_steps": 100, "optim.grad_clip": 0, "train.steps": 80, "train.log_every": 10,
+        "train.checkpoint_every": 2, "train.eval_every": 0, "train.stop_on_divergence": True})
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "the last good checkpoint (step" in err, err
+    import torch
+    kept = torch.load(run / "checkpoints" / "last" / "custom_checkpoint_0.pkl", weights_only=False)
+    assert 0 < kept["step"] and kept["best_val"] < math.log(257) + 1.0    # checked on validation when saved
+    advice = _advice(err)
+    assert advice[:2] == ["--resume", str(run)] and advice[2].startswith("--optim.lr=")
+    assert main(advice) == 0                                  # following the advice finishes the run
+    assert read_record(run)["final"]["step"] == 80
+
+
+def test_a_divergence_before_any_checkpoint_advises_a_start_that_works(tiny_data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["--out", str(run)] + tiny_overrides(tiny_data_dir, **DIVERGE, **{"train.stop_on_divergence": True,
+                                                                           "train.checkpoint_every": 0})
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no checkpoint had been written" in err, err
+    advice = _advice(err)
+    assert "--overwrite" in advice
+    assert main(advice) == 0
+    assert read_record(run)["final"]["step"] == DIVERGE["train.steps"]
+
+def test_the_distributed_setup_is_named():
+    # issue 36: the record and the console did not say DDP or FSDP (and which state-dict type) nor the world size
+    from types import SimpleNamespace as NS
+    from accellib.core.launch import distributed_setup
+    kind = lambda v: NS(value=v)  # noqa: E731
+    fsdp = NS(is_fsdp2=True, num_processes=8, distributed_type=kind("FSDP"),
+              state=NS(fsdp_plugin=NS(state_dict_type=NS(name="SHARDED_STATE_DICT"))))
+    assert distributed_setup(fsdp) == {"type": "FSDP2 SHARDED_STATE_DICT", "world_size": 8, "backend": "FSDP"}
+    ddp = NS(is_fsdp2=False, num_processes=2, distributed_type=kind("MULTI_CPU"))
+    assert distributed_setup(ddp)["type"] == "DDP"
+    assert distributed_setup(ddp, NS(name="ouroboros"))["type"] == "ouroboros engine"

@@ -52,6 +52,9 @@ class TrainConfig:
     eval_windows: int = opt(64, "fixed validation windows per evaluation", min=1)
     log_every: int = opt(10, "train-loss log interval in steps", min=1, resume=True)
     checkpoint_every: int = opt(100, "checkpoint every N steps (always at the end); 0 = end only", min=0, resume=True)
+    keep_checkpoints: int = opt(1, "checkpoints kept: the newest is checkpoints/last, the N-1 before it "
+                                "checkpoints/step_<k> (each a whole Accelerate checkpoint, as large as last)", min=1,
+                                resume=True)
     seed: int = opt(1337, "seed for init, data order and technique randomness", min=0)
     precision: str = opt("auto", "auto = bf16 on a bf16-capable GPU, else fp32",
                          choices=["auto", "fp32", "bf16"])
@@ -66,9 +69,11 @@ class TrainConfig:
                                choices=["inductor", "aot_eager", "eager"], resume=True)
     peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "
                             "accellib/core/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0, resume=True)
-    stop_on_divergence: bool = opt(False, "stop the run (one-line error, the last checkpoint kept) at a log step whose "
-                                   "training loss is over 1 nat above the lower of its best so far and the uniform "
-                                   "prediction's; false = a warning on the console and in metrics.jsonl", resume=True)
+    stop_on_divergence: bool = opt(False, "a log step whose training loss is over 1 nat above the lower of its best so "
+                                   "far and the uniform prediction's is flagged (a warning); true = evaluate it at once and "
+                                   "stop (one line, with the command that goes on) when the validation loss is also over 1 "
+                                   "nat above its best, and write checkpoints only while nothing is flagged and after the "
+                                   "same validation check, so the one kept is from before the divergence", resume=True)
     flops_budget: float = opt(0.0, "also stop once the training FLOPs (all processes) reach this; 0 = off "
                               "(compare --budget flops sets it to the baseline's)", min=0.0)
 
@@ -259,6 +264,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     if extra:
         apply_dict(cfg, extra)
     return apply_dict(cfg, parse_overrides(overrides or []))
+
+
+def changed_options(stored: str | Path, cfg: RunConfig) -> dict:
+    """{"section.key": value} where `cfg` differs from the config file `stored` (a run's config.yaml), model.vocab_size
+    aside (the data fills it in): what a resume changed."""
+    old, new = load_config(stored).to_dict(), cfg.to_dict()
+    return {f"{s}.{k}": new[s][k] for s, d in old.items() for k, v in d.items()
+            if new[s][k] != v and (s, k) != ("model", "vocab_size")}
 
 
 def validate(cfg: RunConfig) -> None:

@@ -32,21 +32,21 @@ class LaunchError(RuntimeError):
     """The processes were not started the way the run needs; the message has the right command."""
 
 
-def end_accelerate_launcher() -> None:
-    """accelerate's one-process launcher re-raises a failed child as a CalledProcessError traceback
-    that buries our one-line message. When it is our parent (it only waits for us), end it with
-    SIGTERM so the user sees our line alone; the shell then reports exit status 143. Multi-process
-    launchers (torchrun, accelerate --multi_gpu) set WORLD_SIZE and are left alone."""
-    if "WORLD_SIZE" in os.environ:
+def tell_elastic_launcher(line: str) -> None:
+    """Give torchrun (and `accelerate launch --multi_gpu`, which runs it) our one-line error as this process's error
+    file (TORCHELASTIC_ERROR_FILE, the file torch's @record writes): its failure report, which follows our line, then
+    names the error itself where it would say "To enable traceback see: ...". Nothing outside torchrun."""
+    import json
+    import time
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
         return
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
     try:
-        import psutil  # a dependency of accelerate
-        parent = psutil.Process(os.getppid())
-        cmd = parent.cmdline()
-    except Exception:  # no such process, or no permission: leave it be
-        return
-    if any(c.endswith("accelerate") for c in cmd) and "launch" in cmd:
-        parent.terminate()
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:  # the launcher's folder is gone: our line is on stderr anyway
+        pass
 
 
 def mixed_precision_for(precision: str) -> str:
@@ -174,6 +174,20 @@ def fsdp_plugin(env=None):
     return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
                                           transformer_cls_names_to_wrap=["Block"], state_dict_type=sdt,
                                           mixed_precision_policy=MixedPrecisionPolicy())
+
+
+def distributed_setup(acc, engine=None) -> dict:
+    """How a run is split over its processes: {"type": "single process" | "DDP" | "FSDP2 SHARDED_STATE_DICT" |
+    "FSDP2 FULL_STATE_DICT" | "<engine> engine", "world_size": N, "backend": Accelerate's distributed type}."""
+    if getattr(acc, "is_fsdp2", False):
+        kind = f"FSDP2 {acc.state.fsdp_plugin.state_dict_type.name}"
+    elif engine is not None:
+        kind = f"{engine.name} engine"
+    elif acc.num_processes > 1:
+        kind = "DDP"
+    else:
+        kind = "single process"
+    return dict(type=kind, world_size=acc.num_processes, backend=acc.distributed_type.value)
 
 
 def _fsdp_on_cpu(acc, plugin) -> None:

@@ -38,10 +38,11 @@ IMAGE_KINDS = ("vit", "cnn", "mlp")
 
 
 class _Task:
-    """What both tasks share: the config, and the data opened from cfg.data.path on first use."""
+    """What both tasks share: the config, and the data opened from cfg.data.path on first use. `every_rank`: every
+    process of the launch opens it at the same point (see accellib.data.tokens.load_token_data)."""
 
-    def __init__(self, cfg, data=None):
-        self.cfg, self._data = cfg, data
+    def __init__(self, cfg, data=None, every_rank: bool = False):
+        self.cfg, self._data, self.every_rank = cfg, data, every_rank
 
     @property
     def data(self):
@@ -57,7 +58,7 @@ class LMTask(_Task):
     """Language modelling on a token folder (data/shakespeare, ...): next-token (gpt) or masked (mlm)."""
 
     def open(self, path):
-        return load_token_data(path, verify=self.cfg.data.verify)
+        return load_token_data(path, verify=self.cfg.data.verify, every_rank=self.every_rank)
 
     @property
     def n_blocks(self) -> int:
@@ -276,6 +277,7 @@ def is_image_kind(kind: str) -> bool:
     return kind in IMAGE_KINDS
 
 
-def make_task(cfg, data=None):
-    """The task of cfg.model.kind, on `data` (opened from cfg.data.path when None)."""
-    return (ImageTask if is_image_kind(cfg.model.kind) else LMTask)(cfg, data)
+def make_task(cfg, data=None, every_rank: bool = False):
+    """The task of cfg.model.kind, on `data` (opened from cfg.data.path when None). every_rank=True only where every
+    process of the launch makes it (it may then share one process's data checks: a collective)."""
+    return (ImageTask if is_image_kind(cfg.model.kind) else LMTask)(cfg, data, every_rank)

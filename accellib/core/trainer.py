@@ -25,11 +25,12 @@ import yaml
 from tqdm.auto import tqdm
 
 from .options import ConfigError
-from .config import RunConfig, load_config
+from .config import RunConfig, changed_options, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
-from .launch import fsdp_requested, make_accelerator, tracking_kwargs
+from .launch import distributed_setup, fsdp_requested, make_accelerator, tracking_kwargs
 from ..models.transformer import Plan
-from .run_dir import check_shared_run_dir, checkpoint_folder, checkpoint_layout
+from .run_dir import (check_shared_run_dir, checkpoint_folder, checkpoint_layout, checkpoint_state, kept_checkpoints,
+                      write_marker)
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -62,6 +63,8 @@ class TrainState:
     # [{"step": k, "changes": {"optim.lr": [old, new]}}]: steps after k trained with the new values
     resumes: list = field(default_factory=list)
     best_loss: float = math.inf  # the lowest logged training loss (window mean): divergence is judged against it
+    best_val: float = math.inf   # the lowest validation loss so far: a divergence is confirmed against it
+    flagged_since: int = -1      # first step of the open run of flagged log windows (-1: the last one was not flagged)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -121,7 +124,8 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         from ..techniques import build_techniques  # lazy: technique modules may import this module
-        self.task = make_task(cfg, data)  # what is trained on (accellib/core/tasks.py): language or images
+        # what is trained on (accellib/core/tasks.py): language or images; every process builds it here
+        self.task = make_task(cfg, data, every_rank=True)
         self.task.configure()             # the model fields the data decides, before techniques read them
         self.techniques = build_techniques(cfg)
         if fsdp_requested() and accelerator is None:  # before any process group: what cannot run sharded says so
@@ -185,6 +189,7 @@ class Trainer:
         self.out = Path(out_dir) if out_dir is not None else None
         self.saved_step: Optional[int] = None  # step of the checkpoint on disk (None: none yet)
         self._eval = None
+        self._last_eval: Optional[tuple[int, dict]] = None  # (step, metrics) of the latest evaluation
         self.step_metrics: dict[str, list] = {}  # the task's train metrics of the current step's micro-batches
         for tech in self.techniques:
             tech.setup(self)
@@ -193,6 +198,10 @@ class Trainer:
     @property
     def raw_model(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.model)
+
+    def distributed(self) -> dict:
+        """How this run is split over processes, for the console and record.json (core/launch.py distributed_setup)."""
+        return distributed_setup(self.accelerator, self.engine)
 
     @property
     def is_main(self) -> bool:
@@ -380,13 +389,35 @@ class Trainer:
         return self._eval
 
     def _diverged(self, what: str) -> None:
-        """Stop a run that produced non-finite numbers, saying truly what is on disk."""
+        """Stop a diverged run (non-finite numbers, or with train.stop_on_divergence a divergence confirmed by
+        validation), saying truly what is on disk and how to go on from it."""
+        st, o, t = self.state, self.cfg.optim, self.cfg.train
+        lr = f"{self.calmer_lr():.3g}"
         if self.saved_step is None:
-            kept = "no checkpoint had been written"
+            how = (f"no checkpoint had been written; start again with a lower optim.lr (now {o.lr}): python -m "
+                   f"accellib.train --config {self.out / 'config.yaml'} --out {self.out} --overwrite --optim.lr={lr}"
+                   if self.out is not None else f"no checkpoint had been written; lower optim.lr (now {o.lr}) to {lr}")
         else:
-            kept = f"the last good checkpoint (step {self.saved_step}) is kept in {self.checkpoint_dir() / 'last'}"
-        raise TrainingError(f"{what}; lower optim.lr (now {self.cfg.optim.lr}) or optim.weight_decay "
-                            f"(now {self.cfg.optim.weight_decay}), or raise optim.warmup_steps; {kept}")
+            when = ("saved before the loss was first flagged, and checked on validation" if t.stop_on_divergence else
+                    f"saved after the loss was first flagged at step {st.flagged_since}, so it may be diverged too"
+                    if 0 <= st.flagged_since <= self.saved_step else "saved before the loss was flagged")
+            how = (f"the last good checkpoint (step {self.saved_step}) is kept in {self.checkpoint_dir() / 'last'} "
+                   f"({when}); continue from it with a lower optim.lr (now {o.lr}): "
+                   f"python -m accellib.train --resume {self.out} --optim.lr={lr}")
+        raise TrainingError(f"{what}; {how} (or raise optim.warmup_steps, now {o.warmup_steps}, or clip with "
+                            f"optim.grad_clip, now {o.grad_clip})")
+
+    def calmer_lr(self) -> float:
+        """The peak LR a diverged run is advised to go on with. From its last good checkpoint: the LR it had trained at
+        when that checkpoint was saved (it was still fine there), at most a quarter of its peak (the schedule would
+        otherwise climb back to where it diverged). Without one: a tenth of the LR of its last step (it diverged
+        at or below that LR, and nothing says how far below)."""
+        from .schedules import WarmupCosine
+        o = self.cfg.optim
+        lr = WarmupCosine(o.lr, o.warmup_steps, self.cfg.train.steps, o.min_lr_ratio).at
+        if self.saved_step is not None:
+            return min(lr(max(0, self.saved_step - 1)), o.lr / 4)
+        return lr(max(0, self.state.step - 1)) / 10
 
     def _divergence(self, loss: float) -> str | None:
         """A warning when the window's training loss is over 1 nat above the lower of the best logged so far
@@ -397,8 +428,20 @@ class Trainer:
         if loss <= ref + 1.0:
             return None
         return (f"training loss {loss:.3f} is {loss - ref:.2f} nats above {ref:.3f} (the lower of its best so far "
-                f"and the uniform prediction's): the run is diverging; lower optim.lr (now {o.lr}), raise "
+                f"and the uniform prediction's): the run may be diverging; lower optim.lr (now {o.lr}), raise "
                 f"optim.warmup_steps (now {o.warmup_steps}) or clip with optim.grad_clip (now {o.grad_clip})")
+
+    def _val_diverged(self, val_loss: float) -> str | None:
+        """Validation's word on a divergence: a reason when `val_loss` is over 1 nat above the lower of the best
+        validation loss so far and the uniform prediction's (the model got worse, not one batch); otherwise None,
+        and the best is updated."""
+        st = self.state
+        ref = min(st.best_val, self.task.uniform_loss())
+        if val_loss > ref + 1.0:
+            return (f"the run diverged: validation loss {val_loss:.3f} at step {st.step} is {val_loss - ref:.2f} nats "
+                    f"above {ref:.3f} (the lower of its best so far and the uniform prediction's)")
+        st.best_val = min(st.best_val, val_loss)
+        return None
 
     def weights_finite(self) -> bool:
         # FSDP2's parameters are DTensors: each process checks its own shards, the reduce below covers them all
@@ -422,18 +465,33 @@ class Trainer:
         out = self.task.eval_metrics(totals)
         if not math.isfinite(out["val_loss"]):
             self._diverged(f"validation loss is {out['val_loss']} after step {self.state.step}")
+        self._last_eval = (self.state.step, out)
         return out
+
+    def _evaluated(self) -> dict:
+        """This step's evaluation: the one already made at this step, or a new one."""
+        if self._last_eval is not None and self._last_eval[0] == self.state.step:
+            return self._last_eval[1]
+        return self.evaluate()
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_dir(self) -> Path:
         return self.out / "checkpoints"
 
-    def save(self) -> None:
+    def save(self, final: bool = False) -> bool:
         """Write the full state to checkpoints/last atomically: save to a temp folder, then swap,
-        so a crash mid-save never destroys the previous checkpoint."""
+        so a crash mid-save never destroys the previous checkpoint. With train.stop_on_divergence, a checkpoint
+        is written only while no log window is flagged and its validation loss is not diverged (so the one kept
+        is always from before the first flagged step); returns whether it was written. `final`: the run's end,
+        whose state is saved whatever (its last evaluation already passed the check)."""
         acc, ck = self.accelerator, self.checkpoint_dir()
         self._flush()  # the open window's sums go into the checkpoint; a NaN loss stops the run here
         self._tick()   # and its time so far (the save itself is not counted: fit restarts the clock)
+        if self.cfg.train.stop_on_divergence and not final:
+            if self.state.flagged_since >= 0:
+                return False  # the last good checkpoint stays until the flag clears (or the run stops)
+            if why := self._val_diverged(self._evaluated()["val_loss"]):
+                self._diverged(f"{why}, at a checkpoint (train.stop_on_divergence)")
         if self.engine is not None:
             self.engine.sync_replica()
         if not self.weights_finite():  # never replace a good checkpoint by a diverged model
@@ -449,15 +507,23 @@ class Trainer:
                             engine=self.engine.rank_state()), tmp / f"engine_rank{acc.process_index}.pt")
         acc.wait_for_everyone()
         if self.is_main:
+            keep = self.cfg.train.keep_checkpoints
             if last.exists():
                 # "last" only ever appears by an atomic rename of a finished temp folder, so when it
                 # exists it is whole; an ".old" beside it is a leftover of a kill after an earlier swap
                 shutil.rmtree(old, ignore_errors=True)
-                last.rename(old)
+                prev = self.saved_step if self.saved_step is not None else checkpoint_state(last).get("step")
+                last.rename(ck / f"step_{prev}" if keep > 1 and prev is not None and prev < self.state.step else old)
             tmp.rename(last)
             shutil.rmtree(old, ignore_errors=True)
+            # train.keep_checkpoints: the newest keep-1 older ones stay (and none from beyond this step: a resume
+            # from an earlier one has replaced them)
+            older = [(k, p) for k, p in kept_checkpoints(self.out)]
+            for k, p in older[:max(0, len(older) - (keep - 1))] + [(k, p) for k, p in older if k >= self.state.step]:
+                shutil.rmtree(p, ignore_errors=True)
         acc.wait_for_everyone()
         self.saved_step = self.state.step
+        return True
 
     def load(self, run_dir: Path) -> None:
         src = checkpoint_folder(run_dir)
@@ -526,15 +592,17 @@ class Trainer:
             self.accelerator.log({k: v for k, v in rec.items() if k != "step" and _is_number(v)}, step=rec["step"])
 
     def _note_resume(self) -> None:
-        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml."""
+        """Keep in the state (so in the checkpoints and record.json) what this resume changed from config.yaml, and in
+        the run's marker the options it set, which the next plain --resume keeps (accellib/train.py resume_config)."""
         stored = self.out / "config.yaml"
         if not stored.is_file():
             return
-        old, new = load_config(stored).to_dict(), self.cfg.to_dict()
-        changes = {f"{s}.{k}": [v, new[s][k]] for s, d in old.items() for k, v in d.items()
-                   if new[s][k] != v and (s, k) != ("model", "vocab_size")}
+        old, now = load_config(stored).to_dict(), changed_options(stored, self.cfg)
+        changes = {k: [old[k.split(".")[0]][k.split(".", 1)[1]], v] for k, v in now.items()}
         if changes != (self.state.resumes[-1]["changes"] if self.state.resumes else {}):
             self.state.resumes.append(dict(step=self.state.step, changes=changes))
+        if self.is_main:
+            write_marker(self.out, "run", resume=now)
 
     def _start_trackers(self, resume: bool) -> None:
         """Start log.trackers for this fit (Accelerate does it on the main process only), with the run's
@@ -603,12 +671,15 @@ class Trainer:
             self._note_resume()
             if self.is_main:  # drop log lines written after the checkpoint
                 _truncate_metrics(self.out / "metrics.jsonl", st.step)
+            self.accelerator.print(f"resumed from step {st.step}", flush=True)
         elif self.out is not None and self.is_main:
+            write_marker(self.out, "run")  # the folder is accellib's run (run_dir.holds_run)
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             (self.out / "metrics.jsonl").write_text("")
         self.accelerator.wait_for_everyone()
         self._start_trackers(resume)
-        self.accelerator.print(f"accellib: {self.accelerator.num_processes} process(es) on "
+        dist = self.distributed()
+        self.accelerator.print(f"accellib: {dist['world_size']} process(es), {dist['type']}, on "
                                f"{self.accelerator.device}, techniques: {[x.name for x in self.techniques] or 'none'}")
         bar = tqdm(total=t.steps, initial=st.step, disable=not (t.progress and self.is_main),
                    desc="train", dynamic_ncols=True)
@@ -630,23 +701,30 @@ class Trainer:
                 warning = self._divergence(st.win_loss / st.win_steps)
                 if warning:
                     rec["warning"] = warning
+                    if st.flagged_since < 0:
+                        st.flagged_since = st.step - st.win_steps + 1  # the window's first step
+                else:
+                    st.flagged_since = -1
                 st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
                 st.win_metrics, st.win_flops = {}, 0.0
-                if do_eval:
-                    rec.update({k: round(v, 5) for k, v in self.evaluate().items()})
+                # a flagged window is one batch's spike or a divergence: with stop_on_divergence, validation decides
+                diverged = None
+                if do_eval or (warning and t.stop_on_divergence):
+                    ev = self.evaluate()
+                    rec.update({k: round(v, 5) for k, v in ev.items()})
                     bar.set_postfix(val=f"{rec['val_loss']:.3f}")
+                    diverged = self._val_diverged(ev["val_loss"])
                 self._log(rec)
                 if not t.progress:  # without a bar the console must still show the run is alive
                     self.accelerator.print(log_line(rec, t.steps), flush=True)
-                if warning:
-                    if self.is_main:
-                        tqdm.write(f"warning: step {st.step}: {warning}")
-                    if t.stop_on_divergence:
-                        self._diverged(f"{warning} (train.stop_on_divergence)")
+                if warning and self.is_main:
+                    tqdm.write(f"warning: step {st.step}: {warning}")
+                if diverged and t.stop_on_divergence:
+                    self._diverged(f"{diverged} (train.stop_on_divergence)")
                 final = rec
             save = self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0))
             if save:
-                self.save()
+                self.save(final=done)
             if save or do_eval or st.step % t.log_every == 0:
                 self._clock = time.perf_counter()  # logging, evaluation and saving are not training time
         bar.close()

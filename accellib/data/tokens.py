@@ -170,7 +170,7 @@ def _write_verified(data_dir: Path, cache: dict) -> None:
             pass
 
 
-def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> TokenData:
+def load_token_data(data_dir: str | Path, verify: bool | str = "cached", every_rank: bool = False) -> TokenData:
     """Open a token folder. The cheap checks (meta.json, file sizes) always run; `verify` adds:
 
       "full"    hash every file in meta.json's sha256 and check every token id is below its
@@ -187,7 +187,14 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
     are hashed again. The cached max_id is still checked against the current vocab_size. A file
     modified less than 2 s ago is hashed but not cached yet, as its mtime might still repeat. What the
     cache cannot see: bytes that change without the file system knowing (bit rot, a failing disk, a
-    write to the raw device). Use verify="full" (--data.verify=full) when that may have happened."""
+    write to the raw device). Use verify="full" (--data.verify=full) when that may have happened.
+
+    `every_rank=True` says that every process of the launch calls this function at this point (the trainer's
+    and the commands' start): under a process group the checks then run on one process per machine and the
+    verdict is shared (`_shared_verdict`, a collective). Leave it False where only some processes open the
+    folder (the main process drawing a figure's reference lines, or scoring): each caller then checks for itself,
+    as a collective that the other processes never join would wait for them, or fail when they exit. The token
+    ids are checked even when meta.json has no sha256 for a token file."""
     if verify is True:
         verify = "full"
     if verify not in (False, "cached", "full"):
@@ -224,35 +231,66 @@ def load_token_data(data_dir: str | Path, verify: bool | str = "cached") -> Toke
             raise DataError(f"{path} is empty: rebuild it from more text, e.g. {fix}")
         splits[split] = np.memmap(path, dtype=np.uint16, mode="r")
     if verify:
-        cache = _read_verified(data_dir) if verify == "cached" else {}
-        checked, hashed = {}, False
-        for name, expected in meta.get("sha256", {}).items():
-            path = data_dir / name
-            try:
-                st = path.stat()  # before reading: a write during the hash leaves a newer mtime
-            except OSError:
-                raise DataError(f"{path} is missing (meta.json lists its sha256): {fix}") from None
-            stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
-                     "sha256": expected}
-            entry = cache.get(name)
-            if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
-                    and type(entry.get("max_id")) is int:
-                top = entry["max_id"]  # hashed before, unchanged since: trusted
-            else:
-                digest, top = _scan(path, ids=name in ("train.bin", "val.bin"))
-                hashed = True
-                if digest != expected:
-                    raise DataError(f"{path} is corrupt (sha256 differs from meta.json): {fix}")
-            if top >= vocab_size:
-                raise DataError(f"{path} holds token id {top} but meta.json's vocab_size is {vocab_size} "
-                                f"(every id must be below it): {fix}")
-            # mtimes tick coarsely (a few ms, or 1-2 s on some filesystems): a file written within
-            # the last _RECENT_NS could be rewritten without its mtime changing, so it is not cached
-            if time.time_ns() - st.st_mtime_ns >= _RECENT_NS:
-                checked[name] = {**stamp, "max_id": top}
-        if hashed and checked:  # every file passed: remember them (also after a "full" check)
-            _write_verified(data_dir, checked)
+        check = lambda: _verify(data_dir, meta, vocab_size, verify, fix)  # noqa: E731
+        err = _shared_verdict(check) if every_rank else check()
+        if err:
+            raise DataError(err)
     return TokenData(splits["train"], splits["val"], meta, vocab_size, meta.get("mask_id"))
+
+
+def _verify(data_dir: Path, meta: dict, vocab_size: int, verify: str, fix: str) -> str | None:
+    """The checks of load_token_data's `verify` (checksums, token ids, the cache); a one-line reason, or None."""
+    cache = _read_verified(data_dir) if verify == "cached" else {}
+    checked, hashed = {}, False
+    sha = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
+    # the token files are checked for their ids even when meta.json has no checksum for them (written by hand or by
+    # an older script): an id >= vocab_size would otherwise end in an IndexError deep in the embedding
+    for name in {**{"train.bin": None, "val.bin": None}, **sha}:
+        expected = sha.get(name)
+        path = data_dir / name
+        try:
+            st = path.stat()  # before reading: a write during the hash leaves a newer mtime
+        except OSError:
+            return f"{path} is missing (meta.json lists its sha256): {fix}"
+        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
+                 "sha256": expected}
+        entry = cache.get(name)
+        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
+                and type(entry.get("max_id")) is int:
+            top = entry["max_id"]  # hashed before, unchanged since: trusted
+        else:
+            try:
+                digest, top = _scan(path, ids=name in ("train.bin", "val.bin"))
+            except OSError as e:
+                return f"{path} cannot be read ({e.strerror or type(e).__name__}): {fix}"
+            hashed = True
+            if expected is not None and digest != expected:
+                return f"{path} is corrupt (sha256 differs from meta.json): {fix}"
+        if top >= vocab_size:
+            return (f"{path} holds token id {top} but meta.json's vocab_size is {vocab_size} "
+                    f"(every id must be below it): {fix}")
+        # mtimes tick coarsely (a few ms, or 1-2 s on some filesystems): a file written within
+        # the last _RECENT_NS could be rewritten without its mtime changing, so it is not cached
+        if time.time_ns() - st.st_mtime_ns >= _RECENT_NS:
+            checked[name] = {**stamp, "max_id": top}
+    if hashed and checked:  # every file passed: remember them (also after a "full" check)
+        _write_verified(data_dir, checked)
+    return None
+
+
+def _shared_verdict(check) -> str | None:
+    """check() on one process per machine (local rank 0), its verdict given to every process: under a multi-process
+    launch (a process group is up) the other processes never read the files, so an 8-GPU job hashes its token
+    files once per machine, not 8 times. Without a process group, check() itself. A collective: every process of
+    the group must call it (load_token_data calls it only when told so, every_rank=True)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return check()
+    local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    mine = check() if local == 0 else None
+    verdicts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, mine)
+    return next((v for v in verdicts if v), None)
 
 
 def _check_len(tokens: np.ndarray, seq_len: int) -> int:

@@ -32,6 +32,7 @@ def load_arms(path: str | Path) -> tuple[dict, dict]:
 
 
 CONTROLS = ("none", "dense")
+FIXED_SIZE = ("cnn", "mlp")  # model kinds whose size no option changes (accellib/models/vision.py)
 
 
 def dense_arms(base: RunConfig) -> list[str]:
@@ -54,6 +55,12 @@ def arm_configs(config: str | Path, arms: list[str] | None, overrides: list[str]
                           "(plain arms of other sizes are named dense-L<blocks> or dense-L<blocks>-d<width>)")
     cli = parse_overrides(overrides or [])
     plain = apply_dict(load_config(None, None, extra=base), cli)
+    dense = [a for a in names if a not in all_arms and is_dense(a)]
+    if (control == "dense" or dense) and plain.model.kind in FIXED_SIZE:
+        what = "--control dense" if control == "dense" else f"arm {dense[0]}"
+        raise ConfigError(f"{what} trains plain models of other depths and widths, but model.kind={plain.model.kind} "
+                          "has a fixed size (it ignores model.n_layer and d_model), so every dense arm would be a copy "
+                          f"of the baseline; compare {config} without dense arms")
     if control == "dense":
         names = names + [a for a in dense_arms(plain) if a not in names]
     cfgs = {}
@@ -75,7 +82,7 @@ def check_data(cfgs: dict[str, RunConfig]) -> None:
     arms' folders."""
     opened = {}
     for cfg in cfgs.values():
-        task = make_task(cfg, opened.get((cfg.data.path, cfg.model.kind)))
+        task = make_task(cfg, opened.get((cfg.data.path, cfg.model.kind)), every_rank=True)  # every process
         opened[(cfg.data.path, cfg.model.kind)] = task.data
         task.configure()
 

@@ -44,11 +44,11 @@ from typing import Optional
 import torch
 import yaml
 
-from ..core.config import RunConfig
-from ..core.launch import fsdp_requested, make_accelerator, process_state
+from ..core.config import RunConfig, changed_options
+from ..core.launch import distributed_setup, fsdp_requested, make_accelerator, process_state
 from ..core.options import ConfigError
 from ..core.records import read_metrics, write_json, write_record
-from ..core.run_dir import checkpoint_folder, main_decides
+from ..core.run_dir import checkpoint_folder, main_decides, write_marker
 from ..core.tasks import is_image_kind, make_task
 from ..core.trainer import Trainer
 from ..models.transformer import ModelConfig, num_params
@@ -212,7 +212,7 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
     if fsdp_requested():  # before any process group forms
         check_fsdp([REGISTRY["multilevel"](ml, cfg)], cfg.model.kind)
     out, ps = Path(out), process_state(cfg.train.device)
-    task = make_task(cfg, data)
+    task = make_task(cfg, data, every_rank=True)
     task.configure()                                              # vocab_size (language), seq_len (ViT)
     data = task.data
     stages = plan_stages(cfg)
@@ -228,6 +228,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
         out.mkdir(parents=True, exist_ok=True)
         if not resume:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        else:  # the options this resume sets, which the next plain --resume keeps (accellib/train.py resume_config)
+            write_marker(out, "run", resume=changed_options(out / "config.yaml", cfg))
         progress["stages"] = _stage_plan(stages)
         write_json(out / "vcycle.json", progress)
     ps.wait_for_everyone()
@@ -288,7 +290,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
         del tr, model
     if ps.is_main_process:
         write_combined_metrics(out, stages, progress)
-        write_record(out, cfg.to_dict(), final, params=num_params(make_task(cfg, data).build_model()),
+        write_record(out, cfg.to_dict(), final, acc, params=num_params(make_task(cfg, data).build_model()),
+                     distributed=distributed_setup(acc),
                      stage_flops=stage_flops(cfg, stages, ps.num_processes),
                      baseline_flops=baseline_flops(cfg, ps.num_processes))
     ps.wait_for_everyone()

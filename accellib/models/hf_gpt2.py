@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import install_hint
 from ..core.options import ConfigError
 from .transformer import ModelConfig, Transformer
 
@@ -27,7 +28,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ExportError("the transformers package is missing: pip install -e '.[hf]'") from None
+        raise ExportError(f"the transformers package is missing: {install_hint('hf')}") from None
     return transformers
 
 
