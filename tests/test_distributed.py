@@ -98,6 +98,27 @@ def test_launch_processes_kills_hung_children_and_reraises_errors():
         launch_processes(_fail, (), 2, timeout_s=30)
 
 
+_QUIET_CHILD = """
+from accellib.core.launch import launch_processes, make_accelerator
+def child():
+    acc = make_accelerator(device="cpu", precision="fp32")
+    assert acc.num_processes == 2
+launch_processes(child, (), 2, timeout_s=120)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_launch_processes_children_do_not_warn_about_omp_num_threads():
+    # notebook 05's cells printed 8 red stderr blocks: Accelerate warns in every child when OMP_NUM_THREADS is unset
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    r = subprocess.run([sys.executable, "-c", _QUIET_CHILD], env=env, capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "OMP_NUM_THREADS" not in r.stderr, r.stderr[-2000:]
+
+
 def _arms_yaml(tmp_path, data_dir) -> Path:
     import yaml
     base = {"model": {}, "train": {}, "optim": {}, "data": {}}

@@ -63,6 +63,22 @@ def test_sl_leaves_evaluation_unchanged(digits_dir):
     assert plain.evaluate() == with_sl.evaluate() and seen == []
 
 
+def test_sl_loss_fn_routes_every_layer_through_another_function(digits_dir):
+    # notebook 08 trains through its student's L_std: a replacement is called for every layer, and an equal one
+    # trains to the same losses
+    runs = {}
+    for name in ("accellib", "replaced"):
+        tr = Trainer(image_cfg(digits_dir, **SL))
+        sl = next(t for t in tr.techniques if t.name == "standardization_loss")
+        calls = []
+        if name == "replaced":
+            sl.loss_fn = lambda x, channel_dim=-1, eps=1e-5: calls.append(x.shape) or standardization_loss(x, channel_dim, eps)
+        runs[name] = [float(tr.train_step()) for _ in range(3)]
+        if name == "replaced":
+            assert len(calls) == 3 * 3                        # 3 layers x 3 steps
+    assert runs["accellib"] == runs["replaced"]
+
+
 def test_a_stray_training_forward_does_not_leak_into_the_next_step(digits_dir):
     # a student's training-mode forward between steps (e.g. to look at the logits) records L_std terms;
     # the next step must not add them to its loss

@@ -228,8 +228,11 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", de
 
 
 def _child(rank: int, fn, args: tuple, world: int, port: int) -> None:
+    # OMP_NUM_THREADS says what set_num_threads(1) below does: without it Accelerate warns once per process
+    # ("OMP_NUM_THREADS/MKL_NUM_THREADS unset") and resets the thread count to cores / processes
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ACCELERATE_USE_CPU="true")
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ACCELERATE_USE_CPU="true",
+                      OMP_NUM_THREADS="1")
     torch.set_num_threads(1)  # first: a forked child of a multi-threaded parent can hang in OpenMP
     from accelerate.state import AcceleratorState
     AcceleratorState._reset_state(reset_partial_state=True)  # never inherit the parent's 1-process state

@@ -29,6 +29,7 @@ def _worker(data_dir: str, out_dir: str, mbps: float, reps: int, grad_accum: int
             cfg = load_config(None, [f"--data.path={data_dir}", "--model.n_layer=4", "--model.d_model=128",
                                      "--model.seq_len=64", "--train.batch_size=8", f"--train.grad_accum={grad_accum}",
                                      "--train.progress=false", "--layered_accumulation.enabled=true",
+                                     "--train.device=cpu", "--train.precision=fp32",   # gloo CPU processes, on any machine
                                      f"--layered_accumulation.order={order}",
                                      f"--layered_accumulation.emulate_mbps={mbps}"])
             tr = Trainer(cfg)

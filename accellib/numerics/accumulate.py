@@ -89,3 +89,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, fmt: Format | str, chunk: int = 0, 
         ar = at[:, :, r0:r0 + rows].contiguous()
         out.append(_chunked(lambda j: ar[:, j, :, None] * bp[:, j, None, :], cl, fmt, outer, rounding, generator))
     return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def matmul_by(sum_fn: Callable, a: torch.Tensor, b: torch.Tensor, fmt: Format | str, chunk: int = 0) -> torch.Tensor:
+    """a (M, K) @ b (K, N) with the K products of every output summed by `sum_fn(terms, fmt, cl) -> float`, one
+    output at a time (cl = K: the naive sum). With a per-vector sum that adds the terms in order and rounds to
+    nearest (notebook 07's exercise), this is `matmul(a, b, fmt, chunk)` bit for bit, only far slower."""
+    fmt = parse_format(fmt)
+    (M, K), N = a.shape, b.shape[1]
+    cl = _chunk_length(K, chunk)
+    out = torch.empty(M, N)
+    for m in range(M):
+        prods = a[m, :, None] * b                                      # (K, N): the products, formed in float32
+        for n in range(N):
+            out[m, n] = float(sum_fn(prods[:, n].contiguous(), fmt, cl))
+    return out

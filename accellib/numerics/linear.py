@@ -20,12 +20,12 @@ With fp32 operands and an fp32 accumulator the layer equals `F.linear` to float3
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
-from .accumulate import matmul
+from .accumulate import matmul, matmul_by
 from .formats import FP32, Format, quantize
 
 
@@ -40,11 +40,18 @@ class LowpGemms:
     rounding: str = "nearest"             # accumulator rounding
     loss_scale: float = 1.0
     generator: Optional[torch.Generator] = None   # draws of stochastic accumulator rounding
+    sum_fn: Optional[Callable] = None     # a per-vector sum (terms, fmt, cl) -> float instead of the vectorised one:
+                                          # notebook 07 routes a short run through the student's (slow; tiny models)
 
     def q(self, x: torch.Tensor) -> torch.Tensor:
         return quantize(x, self.operand)
 
     def mm(self, a: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
+        if self.sum_fn is not None:
+            if self.rounding != "nearest" or self.outer not in (None, self.acc):
+                raise ValueError("LowpGemms.sum_fn sums in one format with round to nearest; set rounding='nearest' "
+                                 "and outer=None, or sum_fn=None")
+            return matmul_by(self.sum_fn, a, b, self.acc, chunk)
         return matmul(a, b, self.acc, chunk, self.rounding, self.generator, self.outer)
 
 

@@ -61,6 +61,8 @@ class StandardizationLoss(Technique):
         self.handles = []
         self.last = 0.0          # sum of L_std over the hooked layers, mean over the step's micro-batches
         self._step_sums: list[torch.Tensor] = []
+        # L_std of one layer (x, channel_dim, eps) -> 0-dim tensor; notebook 08 sets its student's function here
+        self.loss_fn = standardization_loss
 
     def setup(self, trainer) -> None:
         markers = [m for m in trainer.raw_model.modules() if isinstance(m, PreAct)]
@@ -75,7 +77,7 @@ class StandardizationLoss(Technique):
 
     def _record(self, module, inputs, out) -> None:
         if module.training and torch.is_grad_enabled():
-            self.terms.append(standardization_loss(out, 1 if out.dim() == 4 else -1, self.cfg.eps))
+            self.terms.append(self.loss_fn(out, 1 if out.dim() == 4 else -1, self.cfg.eps))
 
     def extra_loss(self, model, x, y, logits) -> Optional[torch.Tensor]:
         if not self.terms:
