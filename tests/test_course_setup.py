@@ -1,4 +1,4 @@
-"""The course on a fresh machine and on a GPU (issue 37): the first cell of notebooks 01-08 clones and installs
+"""The course on a fresh machine and on a GPU (issue 37): the first cell of notebooks 00-09 clones and installs
 only where accellib is missing, is a no-op in the checkout, and every live run compared with a CPU cache stays on
 the CPU in fp32 when a GPU is present (checked with a fake one)."""
 import importlib.util
@@ -13,7 +13,7 @@ import torch
 from accellib.course import setup as course
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-8]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[0-9]_*.ipynb"))
 
 
 def code_cells(path):
@@ -21,7 +21,7 @@ def code_cells(path):
 
 
 def test_every_notebook_opens_with_the_setup_cell_and_readme_links_colab():
-    assert len(NOTEBOOKS) == 8
+    assert len(NOTEBOOKS) == 10
     cells = {p.name: code_cells(p)[0] for p in NOTEBOOKS}
     for name, src in cells.items():
         assert 'find_spec("accellib")' in src and course.REPO_URL in src and "setup(" in src, name
@@ -58,7 +58,7 @@ def test_setup_cell_on_a_fresh_machine_clones_installs_and_prepares(tmp_path, mo
         if cmd[:2] == ["git", "clone"]:
             Path(cmd[-1]).mkdir()
     monkeypatch.setattr(subprocess, "run", fake_run)
-    exec(code_cells(NOTEBOOKS[-1])[0], {})                       # 08: both data sets
+    exec(code_cells(next(p for p in NOTEBOOKS if p.name.startswith("08_")))[0], {})   # 08: both data sets
     assert calls[0][:2] == ["git", "clone"] and course.REPO_URL in calls[0]
     assert calls[1][1:5] == ["-m", "pip", "install", "-q"]
     assert [Path(c[-1]).name for c in calls[2:]] == ["prepare_shakespeare.py", "prepare_digits.py"]

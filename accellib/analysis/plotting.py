@@ -26,6 +26,8 @@ ARM_COLORS = {
     "dense-L1": "#c4c4c4", "dense-L2": "#a8a8a8", "dense-L3": "#8c8c8c", "dense-L4": "#5e5e5e", "dense-L5": "#3f3f3f",
     "dense-L6": "#262626", "dense-L9": "#1a1a1a", "dense-L12": "#0d0d0d", "dense-L16": "#050505",
     # plain models of other widths (the frontier bracketed in width): blue-greys, light = narrow
+    "dense-L1-d8": "#eef2f6", "dense-L1-d16": "#e3e9ef", "dense-L1-d64": "#a3b1bf", "dense-L1-d96": "#7d8c9b",
+    "dense-L1-d128": "#66778a",   # the IsoFLOP grid's one-block widths (results/isoflop.json)
     "dense-L1-d32": "#d5dde5", "dense-L1-d48": "#b3c0cc", "dense-L2-d48": "#8d9cab", "dense-L6-d32": "#4a5866",
     # engines that split the model (notebooks 05, 06)
     "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
@@ -54,6 +56,8 @@ def arm_family(label: str) -> str:
     name = label.split("/")[0]
     if re.fullmatch(r"lr[0-9.e-]+_wu\d+", name):      # notebook 00's LR x warm-up sweep: the baseline at other settings
         return "baseline"
+    if m := re.fullmatch(r"lrx[0-9.]+-(L\d+-d\d+)", name):   # the IsoFLOP LR check: that plain model at another LR
+        return f"dense-{m.group(1)}"
     return name if name in ARM_COLORS else name.split("@")[0].split(" ")[0]
 
 
