@@ -194,14 +194,19 @@ def _hash_on_two_ranks(data_dir, log_dir):
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-@pytest.mark.timeout(180)
-def test_token_files_are_hashed_on_one_rank_and_the_verdict_shared(tiny_data_dir, tmp_path):
-    # issue 36: before, every rank of a job hashed every token file (an 8-GPU job read ~17 GB eight times)
+def _on_two_ranks(fn, tiny_data_dir, tmp_path):
+    """Run fn(data_dir, log_dir) on 2 gloo processes over a copy of the tiny token folder; each rank's JSON log."""
     import shutil
     data = tmp_path / "data"
     shutil.copytree(tiny_data_dir, data)
-    launch_processes(_hash_on_two_ranks, (data, tmp_path), 2, timeout_s=150)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    launch_processes(fn, (data, tmp_path), 2, timeout_s=150)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.timeout(180)
+def test_token_files_are_hashed_on_one_rank_and_the_verdict_shared(tiny_data_dir, tmp_path):
+    # issue 36: before, every rank of a job hashed every token file (an 8-GPU job read ~17 GB eight times)
+    r0, r1 = _on_two_ranks(_hash_on_two_ranks, tiny_data_dir, tmp_path)
     assert sorted(r0["hashed"]) == ["train.bin", "train.bin", "val.bin"] and r1["hashed"] == []
     assert r0["err"] == r1["err"] and "train.bin is corrupt" in r0["err"]
 
@@ -238,9 +243,5 @@ def _open_on_the_main_process_only(data_dir, log_dir):
 def test_a_token_folder_opened_on_one_process_is_not_a_collective(tiny_data_dir, tmp_path):
     # compare under torchrun lost a worker: its main process alone drew the figure's reference lines, whose token
     # folder load shared the hash verdict by a collective the other (finished) process never joined
-    import shutil
-    data = tmp_path / "data"
-    shutil.copytree(tiny_data_dir, data)
-    launch_processes(_open_on_the_main_process_only, (data, tmp_path), 2, timeout_s=150)
-    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r0, _ = _on_two_ranks(_open_on_the_main_process_only, tiny_data_dir, tmp_path)
     assert r0 == dict(calls=[], err=None), r0
