@@ -308,7 +308,9 @@ def _task_metric(results: dict, labels: list[str]) -> dict:
 def format_gaps(rows: list[dict], front: dict) -> str:
     """The paired verdicts: each arm minus the baseline, and minus the dense frontier, per seed; mean
     [95% t-interval] (seeds): wins / loses / not resolved (`accellib.analysis.stats`)."""
-    text = lambda r, k: _paired_text(r[k]) if k in r else "-"
+    picks = set(front.get("per_seed", {}).values()) if front else set()
+    text = lambda r, k: ("— (the frontier itself)" if k == "vs_frontier" and picks == {r["arm"]}   # no row against itself
+                         else _paired_text(r[k]) if k in r else "-")
     has_front = any("vs_frontier" in r for r in rows)
     w = max(16, *(len(r["arm"]) + 2 for r in rows))
     head = f"{'arm':<{w}}{'vs baseline (nats)':<48}" + ("vs dense frontier (nats)" if has_front else "")

@@ -82,3 +82,20 @@ def test_readme_findings_table_is_made_from_the_cache():
             f"{page}: the findings table differs from the cache; paste the output of\n"
             "python -c 'from accellib.analysis.results import *; print(findings_table(load_result(\"long_flops\"), "
             "load_result(\"tutorial_flops\"), load_result(\"tutorial_frontier\")))'")
+
+
+def test_no_table_compares_an_arm_with_itself():
+    """Issue 37: the frontier against itself (+0.000 [+0.000, +0.000] not resolved) and the baseline against itself are
+    not rows of any table: regime_table, gap_table and compare's printed gaps say '— (the ... itself)' instead."""
+    from accellib.analysis.results import gap_table, load_result, regime_table
+    from accellib.compare import format_gaps
+    res = load_result("tutorial_flops")
+    front = res["summary"]["frontier"]
+    (pick,) = set(front["per_seed"].values())
+    line = lambda text, arm: next(ln for ln in text.splitlines() if ln.startswith(arm + " "))
+    assert "— (the frontier itself)" in line(gap_table(res), pick)
+    assert "— (the frontier itself)" in line(format_gaps(res["summary"]["rows"], front), pick)
+    assert "+0.000 [+0.000, +0.000]" not in gap_table(res) + format_gaps(res["summary"]["rows"], front)
+    assert "— (the control itself)" in line(regime_table(res), "baseline")
+    assert "— (the control itself)" in line(regime_table(res), pick)
+    assert "(the frontier itself)" not in line(gap_table(res), "pld")

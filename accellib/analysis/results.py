@@ -85,7 +85,9 @@ def gap_table(res: dict, arms: list[str] | None = None) -> str:
     dense frontier: mean [95% t-interval] (seeds): verdict. The one rule of `accellib.analysis.stats`."""
     rows = [r for r in res["summary"]["rows"] if arms is None or r["arm"] in arms]
     w = max(len(r["arm"]) for r in rows) + 2
-    txt = {r["arm"]: [gap(res, r["arm"], c).text() if f"vs_{c}" in r else "-" for c in ("baseline", "frontier")]
+    picks = set(res["summary"].get("frontier", {}).get("per_seed", {}).values())
+    txt = {r["arm"]: ["— (the frontier itself)" if c == "frontier" and picks == {r["arm"]}   # no row against itself
+                      else gap(res, r["arm"], c).text() if f"vs_{c}" in r else "-" for c in ("baseline", "frontier")]
            for r in rows}
     w2 = max(len(t[0]) for t in txt.values()) + 3
     out = [f"{'arm':<{w}}{'val loss (mean ± sd)':>20}   {'vs baseline':<{w2}}{'vs dense frontier'}"]
