@@ -30,8 +30,6 @@ interior at the minimum.
 from __future__ import annotations
 
 import copy
-import json
-import statistics
 from pathlib import Path
 
 import yaml
@@ -138,12 +136,3 @@ def _cell(res: dict, cfg: Path, name: str, flops: float, regime) -> dict:
     res["curves"] = {k: [{f: r[f] for f in CURVE_KEYS if f in r} for r in c if "val_loss" in r]
                      for k, c in res["curves"].items()}
     return res
-
-
-def seed_means(cell: dict) -> dict[str, float]:
-    return {r["arm"]: statistics.fmean(r["val_losses"]) for r in cell["summary"]["rows"]}
-
-
-if __name__ == "__main__":
-    print(__doc__)
-    print(json.dumps({k: v[:2] for k, v in BUDGETS.items()}))

@@ -163,6 +163,9 @@ def test_the_docs_table_and_the_readme_line_are_the_caches():
     assert max(o["flops"] for o in s["optima"]) / min(o["flops"] for o in s["optima"]) >= 10
     readme = (REPO_ROOT / "README.md").read_text()
     assert f"a = {s['n_law'].text()}" in readme and f"b = {s['d_law'].text()}" in readme
+    tpp = [o["tokens_per_param"] for o in s["optima"]]
+    said = f"{round(min(tpp))}–{round(max(tpp))} tokens per parameter"    # the ratio at the optimum, as both pages say
+    assert said in readme and said in (REPO_ROOT / "docs" / "results.md").read_text().replace("\n", " ")
 
 
 def test_generated_yamls_stay_out_of_the_comparisons_folder(tmp_path):
@@ -193,3 +196,14 @@ def test_lr_check_pairs_with_the_grid_and_says_whether_the_rule_is_interior():
     chk["cells"]["B"]["summary"]["rows"][0]["val_losses"] = [3.5, 3.1, 3.2]
     with pytest.raises(ValueError, match="do not share their baseline runs"):
         lr_check(iso, chk)
+
+
+def test_a_seed_whose_minimum_lies_beyond_the_three_points_is_refused():
+    # by the seed mean the second model is best (interior), but seed 1's three points keep falling: its parabola's
+    # vertex lies beyond the third model, an extrapolation the optimum must not report
+    rows = {f"dense-L1-d{k}": v for k, v in enumerate(zip([2.0, 1.0, 1.5, 3.0], [2.0, 1.2, 0.9, 3.0]))}
+    cell = _cell(rows, regime={a: dict(params=10 ** (3 + k), tokens=1e6 / 10 ** k) for k, a in enumerate(rows)})
+    p = profile(cell, "B")
+    assert p.edge is None and p.arms[p.best] == "dense-L1-d1"
+    with pytest.raises(ValueError, match="seed seed1's parabola has its minimum outside"):
+        optimum(p)

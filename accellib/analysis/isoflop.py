@@ -119,6 +119,9 @@ def optimum(p: Profile) -> dict:
     per = {}
     for s in p.seeds:
         x, y = parabola_min(xs, [p.losses[a][s] for a in p.arms[k - 1:k + 2]])
+        if not xs[0] <= x <= xs[2]:   # the vertex would be an extrapolation: this seed's minimum is not bracketed
+            raise ValueError(f"budget {p.budget}: seed {s}'s parabola has its minimum outside the three models around "
+                             f"the best ({p.arms[k - 1]} .. {p.arms[k + 1]}); measure the profile more finely there")
         n = math.exp(x)
         d = tokens_at(p, n)
         per[s] = dict(n_opt=n, d_opt=d, loss=y, tokens_per_param=d / n)
@@ -214,40 +217,31 @@ def frontier_gaps(iso: dict, trend: dict, tol: float = 1e-3) -> dict[str, dict]:
     """Each technique of the scale trend (results/scaling_trend.json) against the compute-optimal plain model of its
     own budget, found by the IsoFLOP grid (results/isoflop.json, whose budgets are the trend's width-64 baselines):
     {"LxD": {"pick": {seed: arm}, "bracketed": bool, "baseline_diff": nats, "gaps": {arm: Paired}, "rows": {arm:
-    row for accellib.analysis.trend.fit_log_trend}}}. The frontier's arm for each seed is chosen among the plain models
-    of both caches at that budget (the grid's one-block widths, the trend's dense-L<n> and the baseline) on the other
-    seeds' mean (accellib.analysis.frontier.frontier, leave one seed out) and judged on this seed; the two caches must
-    hold the same baseline runs (per seed within `tol`), or the budget is refused."""
-    from .frontier import frontier
+    row for accellib.analysis.trend.fit_log_trend}}}. The frontier is `accellib.analysis.frontier.joint_frontier` of
+    the trend's size and the grid's budget (the plain models of both, the per-seed leave-one-out choice; the two must
+    hold the same baseline runs, per seed within `tol`, or the budget is refused); "bracketed" says the chosen
+    models are interior widths of the grid's profile."""
+    from .frontier import is_plain, joint_frontier
+    from .stats import Paired
     from .trend import non_embedding_params
     out = {}
     for cell in trend["cells"]:
         key = f"{cell['n_layer']}x{cell['d_model']}"
         if key not in iso["cells"]:
             continue
-        icell = iso["cells"][key]
-        rows = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in cell["summary"]["rows"]}
-        grid = {r["arm"]: dict(zip(r["seed_labels"], r["val_losses"])) for r in icell["summary"]["rows"]}
-        shared = [k for k in rows["baseline"] if k in grid["baseline"]]
-        diff = max((abs(rows["baseline"][k] - grid["baseline"][k]) for k in shared), default=math.inf)
-        if not shared or diff > tol:
-            raise ValueError(f"budget {key}: the IsoFLOP grid and the scale trend do not share their baseline runs "
-                             f"(largest difference {diff:.2g} nats > {tol}); rebuild one with the other's config")
-        plain = {a: v for a, v in {**rows, **grid}.items() if a == "baseline" or a.startswith("dense-")}
-        pick = frontier(plain)
-        prof = profile(icell, key)
-        gaps, fit_rows = {}, {}
-        for arm, losses in rows.items():
-            if arm == "baseline" or arm.startswith("dense-"):
-                continue
-            seeds = [k for k in pick if k in losses]
-            g = [losses[k] - plain[pick[k]][k] for k in seeds]
-            gaps[arm] = from_gaps(g, what=f"{arm} at {key} vs the compute-optimal plain model", seeds=seeds)
-            fit_rows[arm] = dict(n_layer=cell["n_layer"], d_model=cell["d_model"], gaps=g,
-                                 params=non_embedding_params(cell["n_layer"], cell["d_model"]))
-        best = set(pick.values())
-        out[key] = dict(pick=pick, baseline_diff=diff, gaps=gaps, rows=fit_rows, flops=float(icell["flops"]),
-                        bracketed=prof.edge is None and best <= set(prof.arms[1:-1]))
+        try:
+            joint = joint_frontier(dict(name=f"scaling_trend {key}", summary=cell["summary"]),
+                                   dict(name=f"isoflop {key}", summary=iso["cells"][key]["summary"]), tol)
+        except ValueError as e:
+            raise ValueError(f"budget {key}: {e}") from None
+        pick = joint["frontier"]["per_seed"]
+        gaps = {r["arm"]: Paired.from_dict(r["vs_frontier"]) for r in joint["rows"] if not is_plain(r["arm"])}
+        rows = {a: dict(n_layer=cell["n_layer"], d_model=cell["d_model"], gaps=list(p.gaps),
+                        params=non_embedding_params(cell["n_layer"], cell["d_model"])) for a, p in gaps.items()}
+        prof = profile(iso["cells"][key], key)
+        out[key] = dict(pick=pick, baseline_diff=joint["baseline_diff"], gaps=gaps, rows=rows,
+                        flops=float(iso["cells"][key]["flops"]),
+                        bracketed=prof.edge is None and set(pick.values()) <= set(prof.arms[1:-1]))
     return out
 
 

@@ -1,13 +1,13 @@
 """What the first cell of every notebook calls: the course on a fresh machine (Colab), a no-op in a checkout.
 
-The cell itself (identical in notebooks 01-08; tests/test_course_setup.py checks it) clones this repository and
+The cell itself (identical in notebooks 00-09; tests/test_course_setup.py checks it) clones this repository and
 installs it only when `accellib` cannot be imported and no checkout lies above the notebook's folder; then it
 calls `setup(...)`, which prepares each missing data set with its script in `data_scripts/`. In a prepared
 checkout nothing is cloned, installed or prepared, and nothing is printed.
 
 `REPO_URL` is the one place the repository's address is written down (the README's "Open in Colab" links and
 the notebooks' setup cells repeat it, and a test keeps them equal). No public address is stated anywhere in the
-repository, so it is a placeholder: replace `REPO_URL` and `COLAB`, then
+repository, so it is a placeholder: replace `REPO_URL` (`COLAB` follows it), then
 change the copies (tests/test_course_setup.py lists them and fails until they agree).
 
 `CPU_RUN` is what every live run that is compared with a CPU cache adds to its overrides: the CPU and fp32 even
@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 REPO_URL = "https://github.com/REPLACE-WITH-OWNER/accellib"      # placeholder: no public address is stated
-COLAB = "https://colab.research.google.com/github/REPLACE-WITH-OWNER/accellib/blob/main/notebooks/"
+COLAB = REPO_URL.replace("https://github.com/", "https://colab.research.google.com/github/") + "/blob/main/notebooks/"
 CPU_RUN = ["--train.device=cpu", "--train.precision=fp32"]
 
 # data set -> (its folder under data/, the script that prepares it)
