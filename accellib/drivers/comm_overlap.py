@@ -56,7 +56,10 @@ def measure_exposed_comm(data_dir: str | Path, mbps: float = 20.0, reps: int = 1
     planner's closed form). Times in ms."""
     from ..core.launch import launch_processes
     with tempfile.TemporaryDirectory() as d:
-        launch_processes(_worker, (str(data_dir), d, mbps, reps, grad_accum), 2, timeout_s=timeout_s)
+        # spawn: a forked child cannot run backward once the parent has (the autograd engine's device threads on a
+        # CUDA build; found running notebook 05 on an H200)
+        launch_processes(_worker, (str(data_dir), d, mbps, reps, grad_accum), 2, timeout_s=timeout_s,
+                         start_method="spawn")
         out = json.loads(Path(d, "lga.json").read_text())
     rows = []
     for order, o in out.items():
