@@ -98,6 +98,32 @@ def test_launch_processes_kills_hung_children_and_reraises_errors():
         launch_processes(_fail, (), 2, timeout_s=30)
 
 
+def _on_a_one_gpu_machine(out_dir):
+    """Two CPU processes where torch sees one GPU: a barrier on cuda:1 fails there ('invalid device ordinal'), as
+    Accelerate's wait_for_everyone asked for on an H200 (notebooks 00 and 05); faked here on a CPU machine."""
+    import torch.distributed as dist
+    from accelerate.utils import wait_for_everyone
+    from accellib.core.launch import make_accelerator, process_state
+    real = dist.barrier
+
+    def barrier(group=None, async_op=False, device_ids=None):
+        if device_ids and device_ids[0] >= 1:
+            raise RuntimeError("CUDA error: invalid device ordinal (faked: one GPU)")
+        return real(group=group, async_op=async_op)
+    dist.barrier, torch.cuda.is_available = barrier, lambda: True
+    for build in (lambda: process_state("cpu"), lambda: make_accelerator(device="cpu", precision="fp32")):
+        state = build()
+        state.wait_for_everyone()
+        wait_for_everyone()
+    Path(out_dir, f"rank{state.process_index}").write_text("ok")
+
+
+@pytest.mark.timeout(120)
+def test_cpu_processes_pass_barriers_on_a_machine_with_fewer_gpus(tmp_path):
+    launch_processes(_on_a_one_gpu_machine, (str(tmp_path),), 2, timeout_s=90)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
 _QUIET_CHILD = """
 from accellib.core.launch import launch_processes, make_accelerator
 def child():

@@ -86,7 +86,21 @@ def process_state(device: str = "auto"):
     from accelerate.state import PartialState
     ps = PartialState(cpu=use_cpu(device))
     check_world_size(ps.num_processes)
+    cpu_barrier(ps)
     return ps
+
+
+def cpu_barrier(state) -> None:
+    """CPU processes on a machine with GPUs. Accelerate's `wait_for_everyone` (accelerate 1.15, state.py) passes
+    device_ids=[local rank] to torch.distributed.barrier for every distributed type, MULTI_CPU included; where
+    CUDA is visible, torch then runs the gloo barrier on cuda:<local rank>, which fails ("invalid device ordinal")
+    on a machine with fewer GPUs than processes (found running notebooks 00 and 05, 2 CPU processes, on a one-GPU
+    H200). A gloo group of CPU processes needs no device: every PartialState (they share one state dict) gets a
+    barrier without device ids. Nothing changes on GPU runs or where CUDA is absent."""
+    if state.distributed_type.value == "MULTI_CPU" and torch.cuda.is_available():
+        import torch.distributed as dist
+        from accelerate.state import PartialState
+        PartialState().__dict__["wait_for_everyone"] = lambda: dist.barrier()
 
 
 def tracker_available(name: str) -> bool:
@@ -218,6 +232,7 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", de
     acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",
                       kwargs_handlers=handlers, fsdp_plugin=plugin, **kwargs)
     check_world_size(acc.num_processes)
+    cpu_barrier(acc.state)
     if plugin is not None:
         if cpu and acc.distributed_type.value == "MULTI_CPU":
             _fsdp_on_cpu(acc, plugin)
