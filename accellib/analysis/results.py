@@ -288,3 +288,27 @@ def tutorial_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
         lines.append(f"| {a} | {claim} | {st[0]} | {st[1]} | {r['steps']:.0f} | {r['val_loss']:.3f} ± {r['val_loss_sd']:.3f} | "
                      f"{short(gap(flops_res, a, 'baseline'))} | {short(gap(flops_res, a, 'frontier'))} | {t} | not measured |")
     return "\n".join(lines)
+
+
+def gpu_table(rec: dict) -> str:
+    """docs/full_scale.md's table of one GPU check (`results/gpu_check_<gpu>.json`, benchmarks/gpu_check.py), made
+    from the record (a test checks the docs hold exactly this): per arm, tokens/s and its ratio to the baseline arm
+    of the same check, MFU against the data sheet's bf16 peak, peak memory, graphs compiled during the first and
+    the second half of the timed steps, and for the dropping techniques the FLOPs saving, the time saving and the
+    share of the first that shows up as the second (the realized speed-up). Short runs (5 + 60 steps) on random
+    ids: speed and memory only, compilation of new shapes included."""
+    arms, base = rec["arms"], rec["arms"]["baseline"]["tok_per_s"]
+    pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"
+    lines = ["| arm | tokens/s | vs baseline | MFU (data sheet) | peak GB | graphs compiled (1st / 2nd half) | "
+             "FLOPs saving | time saving | realized |", "|---|---|---|---|---|---|---|---|---|"]
+    for a, r in arms.items():
+        if r.get("status") != "done":
+            lines.append(f"| {a} | {r.get('status', '—')} | — | — | — | — | — | — | — |")
+            continue
+        g = r.get("graphs", {})
+        graphs = f"{g['first_half']} / {g['second_half']}" if "first_half" in g else f"{g.get('total', '—')} in all"
+        rs = r.get("realized_speedup") or {}
+        lines.append(f"| {a} | {r['tok_per_s']:,.0f} | {r['tok_per_s'] / base:.2f}x | {pct(r['mfu']['datasheet'])} | "
+                     f"{r['peak_mem_gb']:.1f} | {graphs} | {pct(rs.get('flops_saving'))} | {pct(rs.get('time_saving'))} | "
+                     f"{'—' if rs.get('realized') is None else format(rs['realized'], '.2f')} |")
+    return "\n".join(lines)
