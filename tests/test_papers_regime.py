@@ -99,3 +99,6 @@ def test_no_table_compares_an_arm_with_itself():
     assert "— (the control itself)" in line(regime_table(res), "baseline")
     assert "— (the control itself)" in line(regime_table(res), pick)
     assert "(the frontier itself)" not in line(gap_table(res), "pld")
+    from accellib.analysis.results import tutorial_table
+    tut = tutorial_table(res, load_result("tutorial_steps"), load_result("tutorial_timing")["timing"]["ratio"])
+    assert "— (the frontier itself)" in line(tut, "| " + pick) and "+0.000 [+0.000, +0.000]" not in tut

@@ -275,6 +275,8 @@ def tutorial_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
     short = lambda p: "—" if p is None else (f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}] "
                                              f"{p.verdict.replace('not resolved at', 'n.r. at')}")
     steps_rows = {r["arm"]: r for r in steps_res["summary"]["rows"]}
+    picks = set(flops_res["summary"].get("frontier", {}).get("per_seed", {}).values())
+    front = lambda a: "— (the frontier itself)" if picks == {a} else short(gap(flops_res, a, "frontier"))   # no self-row
     lines = [f"| arm | paper's claim | equal steps ({steps_res['summary']['seeds']} seeds): val loss | vs baseline | "
              f"equal FLOPs ({flops_res['summary']['seeds']} seeds): steps | val loss | vs baseline | "
              "vs dense frontier | CPU step time vs baseline (paired) | GPU |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -286,7 +288,7 @@ def tutorial_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
         t = f"{timing[a]:.2f}x" if a in timing else "—"
         claim = PAPER_CLAIMS.get(a, "the control" if a == "baseline" or a.startswith("dense-L") else "not claimed")
         lines.append(f"| {a} | {claim} | {st[0]} | {st[1]} | {r['steps']:.0f} | {r['val_loss']:.3f} ± {r['val_loss_sd']:.3f} | "
-                     f"{short(gap(flops_res, a, 'baseline'))} | {short(gap(flops_res, a, 'frontier'))} | {t} | not measured |")
+                     f"{short(gap(flops_res, a, 'baseline'))} | {front(a)} | {t} | not measured |")
     return "\n".join(lines)
 
 
