@@ -326,6 +326,7 @@ def main() -> int:
                    config=yaml.safe_load(configs.get(name, CONFIG).read_text()),
                    seeds=res["summary"]["seeds"] if "summary" in res else seeds,
                    wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
+                   threads_per_run=1,      # every run gets --train.threads=1 (above)
                    environment=environment(), **res)
         print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")
         # a smoke run's record goes beside its runs (runs/reproduce_quick/<name>.json), never into results/

@@ -102,3 +102,16 @@ def test_no_table_compares_an_arm_with_itself():
     from accellib.analysis.results import tutorial_table
     tut = tutorial_table(res, load_result("tutorial_steps"), load_result("tutorial_timing")["timing"]["ratio"])
     assert "— (the frontier itself)" in line(tut, "| " + pick) and "+0.000 [+0.000, +0.000]" not in tut
+
+
+def test_provenance_lines_state_each_runs_threads():
+    """Issue 37: the notebooks' 'computed on CPU, N runs in parallel, T thread(s) each' lines gave the recording
+    process's thread count (2 for tutorial_flops) where every run of reproduce.py had --train.threads=1."""
+    from accellib.analysis.results import load_result, run_where
+    assert load_result("tutorial_flops")["environment"]["torch_threads"] == 2
+    assert run_where(load_result("tutorial_flops")) == "CPU, 2 runs in parallel on a shared machine, 1 thread each"
+    assert run_where(load_result("tutorial_steps")) == "NVIDIA H100 80GB HBM3"
+    assert run_where(dict(environment=dict(torch_threads=4), jobs=1, command="python benchmarks/x.py")).endswith(
+        "4 threads each")
+    assert run_where(dict(environment=dict(torch_threads=2), jobs=3, threads_per_run=1, command="x")).endswith(
+        "1 thread each")

@@ -314,3 +314,15 @@ def gpu_table(rec: dict) -> str:
                      f"{r['peak_mem_gb']:.1f} | {graphs} | {pct(rs.get('flops_saving'))} | {pct(rs.get('time_saving'))} | "
                      f"{'—' if rs.get('realized') is None else format(rs['realized'], '.2f')} |")
     return "\n".join(lines)
+
+
+def run_where(res: dict) -> str:
+    """Where a cached experiment ran, for the notebooks' provenance lines: its GPU when it had one, else the CPU, its
+    parallel runs and the threads of each. Every run that benchmarks/reproduce.py starts gets --train.threads=1 (since
+    commit bae6093, older than every cache; new records say so in `threads_per_run`): `environment.torch_threads` is
+    the count of the process that wrote the record, not of a run."""
+    env = res["environment"]
+    if env.get("gpu"):
+        return env["gpu"]
+    threads = res.get("threads_per_run", 1 if "reproduce.py" in res.get("command", "") else env["torch_threads"])
+    return f"CPU, {res['jobs']} runs in parallel on a shared machine, {threads} thread{'' if threads == 1 else 's'} each"
