@@ -249,3 +249,4 @@ def test_the_docs_state_the_h200_record_as_it_is():
     assert all(r["cuda_max_allocated_mb"] == 0 for r in ran.values()) and "no notebook allocated GPU memory" in docs
     readme = (root / "README.md").read_text()
     assert f"{100 * tv['mfu']['accellib+compile']['datasheet']:.0f}% MFU against 45%" in readme
+    assert len(ran) == 10 and "All ten ran on an H200" in readme
