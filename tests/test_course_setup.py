@@ -61,6 +61,9 @@ def test_setup_cell_on_a_fresh_machine_clones_installs_and_prepares(tmp_path, mo
     exec(code_cells(next(p for p in NOTEBOOKS if p.name.startswith("08_")))[0], {})   # 08: both data sets
     assert calls[0][:2] == ["git", "clone"] and course.REPO_URL in calls[0]
     assert calls[1][1:5] == ["-m", "pip", "install", "-q"]
+    # with the hf extra: notebook 00 exports with transformers and evaluates with lm-eval (the GPU image, which has
+    # no lm-eval, stopped notebook 00 there; Colab would too)
+    assert calls[1][-1].endswith("[hf]")
     assert [Path(c[-1]).name for c in calls[2:]] == ["prepare_shakespeare.py", "prepare_digits.py"]
     assert sys.path[0] == str((tmp_path / "accellib").resolve())
 
