@@ -2,8 +2,9 @@
 
 The cell itself (identical in notebooks 00-09; tests/test_course_setup.py checks it) clones this repository and
 installs it with its `hf` extra (notebook 00 exports with transformers and evaluates with lm-eval) only when
-`accellib` cannot be imported and no checkout lies above the notebook's folder; then it calls `setup(...)`, which prepares each missing data set with its script in `data_scripts/`. In a prepared
-checkout nothing is cloned, installed or prepared, and nothing is printed.
+`accellib` cannot be imported and no checkout lies above the notebook's folder; then it calls `setup(...)`,
+which prepares each missing data set with its script in `data_scripts/`. In a prepared checkout nothing
+is cloned, installed or prepared, and nothing is printed.
 
 `REPO_URL` is the one place the repository's address is written down (the README's "Open in Colab" links and
 the notebooks' setup cells repeat it, and a test keeps them equal). No public address is stated anywhere in the
