@@ -2,6 +2,7 @@
 no update for skipped blocks, 2-process agreement, exact resume, SBLD's list edge cases."""
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from accellib.techniques import REGISTRY
 from accellib.techniques._layer_drop_common import (apply_gates, depth_keep_probs, draw_gates,
                                                     expected_executed, pld_theta)
 from accellib.techniques.base import Technique, check_composition
-from accellib.techniques.sensitivity_layer_drop import block_list, fit_pwegd, keep_prob_list, pwegd
+from accellib.techniques.sensitivity_layer_drop import block_list, fit_pwegd, keep_prob_list, pwegd, water_fills
 from accellib.train import training_function
 from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, tiny_overrides
@@ -275,3 +276,79 @@ def test_sbld_profiles_after_warmup_and_variance_schedule(tiny_cfg):
     tv.sensitivity, tv.block = [0.3, 0.1, 0.2, 0.0], [0]
     thetas = [tv.theta(s) for s in range(2, 7)]
     assert all(0.5 <= v <= 1.0 for v in thetas) and max(thetas) > min(thetas)
+
+
+# ----------------------------------------------------------------------------- the your-turn hooks (notebooks 01, 02)
+def _solution(stem: str, name: str):
+    """The reference answer of a notebook's your-turn (notebooks/solutions/<stem>_solutions.md, '## Your turn')."""
+    md = (Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / f"{stem}_solutions.md").read_text()
+    ns: dict = {}
+    exec(re.search(r"^## Your turn.*?```python\n(.*?)```", md, re.S | re.M).group(1), ns)
+    return ns[name]
+
+
+def _routed(cfg, name: str, attr: str, fn, steps: int = 5):
+    """Training losses and blocks run of `steps` steps with technique `name`'s hook `attr` set to fn."""
+    tr = Trainer(cfg)
+    setattr(next(t for t in tr.techniques if t.name == name), attr, fn)
+    return [tr.train_step().item() for _ in range(steps)], tr.state.blocks_run
+
+
+def test_pld_keep_probs_fn_routes_the_keep_probabilities(tiny_cfg):
+    cfg = tiny_cfg(**PLD)
+    chain = lambda step, theta_bar, gamma, L: depth_keep_probs(pld_theta(step, theta_bar, gamma), L)  # notebook 01's reference
+    base = _routed(cfg, "pld", "keep_probs_fn", None)
+    assert base[1] < 5 * 4, "no block was skipped: the hook would not matter"
+    assert _routed(cfg, "pld", "keep_probs_fn", chain) == base                      # accellib's own: bitwise
+    assert _routed(cfg, "pld", "keep_probs_fn", _solution("01_progressive_layer_dropping", "my_pld_keep_probs")) == base
+    # a wrong answer (blocks counted from 0: DeepSpeedExamples' convention) is really used
+    wrong = lambda step, theta_bar, gamma, L: depth_keep_probs(pld_theta(step, theta_bar, gamma), L, "code")
+    assert _routed(cfg, "pld", "keep_probs_fn", wrong)[0] != base[0]
+    seen = []
+    _routed(cfg, "pld", "keep_probs_fn", lambda *a: seen.append(a) or chain(*a), steps=2)
+    assert sorted(set(seen)) == [(0, 0.5, 0.5, 4), (1, 0.5, 0.5, 4)]                 # the your-turn's signature
+    with pytest.raises(ValueError, match="pld.convention=paper"):
+        _routed(tiny_cfg(**PLD, **{"pld.convention": "code"}), "pld", "keep_probs_fn", chain)
+    with pytest.raises(ValueError, match="3 keep probabilities for 4 blocks"):
+        _routed(cfg, "pld", "keep_probs_fn", lambda *a: chain(*a)[:3])
+
+
+def test_sbld_keep_prob_list_fn_routes_algorithm_1(tiny_cfg):
+    cfg = tiny_cfg(**SBLD)
+    base = _routed(cfg, "sbld", "keep_prob_list_fn", None)
+    assert base[1] < 5 * 4, "no block was skipped: the hook would not matter"
+    assert _routed(cfg, "sbld", "keep_prob_list_fn", keep_prob_list) == base        # notebook 02's reference: bitwise
+    assert _routed(cfg, "sbld", "keep_prob_list_fn",
+                   _solution("02_sensitivity_based_layer_dropping", "my_keep_prob_list")) == base
+    # a wrong answer (theta for every block: no Block list, no ranking) is really used
+    assert _routed(cfg, "sbld", "keep_prob_list_fn", lambda theta, sens, block, p_min: [theta] * len(sens))[0] != base[0]
+    seen = []
+    def spy(theta, sens, block, p_min):
+        seen.append((theta, sens, block, p_min))
+        sens.append(9.9)                                    # the technique passes copies: its profile is safe
+        return keep_prob_list(theta, sens[:-1], block, p_min)
+    tr = Trainer(cfg)
+    tech = tr.techniques[0]
+    tech.keep_prob_list_fn = spy
+    for _ in range(4):
+        tr.train_step()
+    assert seen and seen[0][2] == tech.block and len(tech.sensitivity) == 4 and seen[0][3] == 0.1
+    # keep_prob_list's fallbacks stay accellib's: the function is called exactly where the water-filling runs
+    def never(*a):
+        raise AssertionError("called on a fallback")
+    tech.keep_prob_list_fn, tech._cache = never, {}
+    tech.sensitivity = [0.0] * 4
+    assert tech.keep_probs(50) == pytest.approx(depth_keep_probs(tech.theta(50), 4))
+    tech.sensitivity, tech.block, tech._cache = [0.3, 0.2, 0.1, 0.05], [0, 1, 2], {}
+    assert tech.keep_probs(50)[3] == 0.1                      # budget 2 < 3 + p_min: clamped
+    with pytest.raises(ValueError, match="2 keep probabilities for 4 blocks"):
+        _routed(cfg, "sbld", "keep_prob_list_fn", lambda *a: [1.0, 1.0])
+
+
+@pytest.mark.parametrize("theta,sens,block", [(0.5, [0.3, 0.0, 0.2, 0.1], [0]), (0.4, [0.9, 0.8, 0.1, 0.05], [0, 1]),
+                                              (0.5, [0.0] * 4, []), (1.0, [0.2, 0.1], [0, 1]), (0.3, [0.2, 0.1], [0])])
+def test_water_fills_is_keep_prob_list_without_its_fallbacks(theta, sens, block):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        keep_prob_list(theta, sens, block, 0.1)
+    assert water_fills(theta, sens, block, 0.1) == (not w)

@@ -33,10 +33,16 @@ The gate, scaling, DDP and zero-fill machinery is shared with SBLD in `_layer_dr
 
 theta is a pure function of the step counter (checkpointed by the trainer), so a resumed run
 continues the schedule exactly; the running expected-block/FLOP sums are checkpointed here.
+
+`keep_probs_fn` (None by default: accellib's `pld_theta` + `depth_keep_probs`, bit for bit) replaces the chain
+that gives the §4.2 keep probabilities: fn(step, theta_bar, gamma, L) -> [p_1, ..., p_L] in the `paper`
+convention, the signature of notebook 01's your-turn `my_pld_keep_probs`. Set it on a trainer's technique
+instance; the gates, the 1/p scale and the FLOPs bookkeeping then use its list.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 from ..core.options import opt
 from . import register
@@ -60,9 +66,19 @@ class PLDConfig:
 class ProgressiveLayerDrop(LayerDropTechnique):
     name = "pld"
     Config = PLDConfig
+    keep_probs_fn: Optional[Callable] = None   # fn(step, theta_bar, gamma, L) -> [p_1..p_L], paper convention (§4.2)
 
     def theta(self, step: int) -> float:
         return pld_theta(step, self.cfg.theta_bar, self.cfg.gamma)
 
     def keep_probs(self, step: int) -> list[float]:
-        return depth_keep_probs(self.theta(step), self.n_layer, self.cfg.convention)
+        fn = self.keep_probs_fn
+        if fn is None:
+            return depth_keep_probs(self.theta(step), self.n_layer, self.cfg.convention)
+        if self.cfg.convention != "paper":
+            raise ValueError("pld: keep_probs_fn gives the paper convention's p_l (l = 1..L); set "
+                             f"pld.convention=paper (not {self.cfg.convention}) or keep_probs_fn=None")
+        p = list(fn(step, self.cfg.theta_bar, self.cfg.gamma, self.n_layer))
+        if len(p) != self.n_layer:
+            raise ValueError(f"pld: keep_probs_fn returned {len(p)} keep probabilities for {self.n_layer} blocks")
+        return p
