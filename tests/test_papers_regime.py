@@ -111,7 +111,7 @@ def test_provenance_lines_state_each_runs_threads():
     assert load_result("tutorial_flops")["environment"]["torch_threads"] == 2
     assert run_where(load_result("tutorial_flops")) == "CPU, 2 runs in parallel on a shared machine, 1 thread each"
     assert run_where(load_result("tutorial_steps")) == "NVIDIA H100 80GB HBM3"
-    assert run_where(dict(environment=dict(torch_threads=4), jobs=1, command="python benchmarks/x.py")).endswith(
-        "4 threads each")
+    assert run_where(dict(environment=dict(torch_threads=4), jobs=1, command="python benchmarks/x.py")) == (
+        "CPU, one run at a time on a shared machine, 4 threads each")
     assert run_where(dict(environment=dict(torch_threads=2), jobs=3, threads_per_run=1, command="x")).endswith(
         "1 thread each")

@@ -325,4 +325,5 @@ def run_where(res: dict) -> str:
     if env.get("gpu"):
         return env["gpu"]
     threads = res.get("threads_per_run", 1 if "reproduce.py" in res.get("command", "") else env["torch_threads"])
-    return f"CPU, {res['jobs']} runs in parallel on a shared machine, {threads} thread{'' if threads == 1 else 's'} each"
+    runs = "one run at a time" if res["jobs"] == 1 else f"{res['jobs']} runs in parallel"
+    return f"CPU, {runs} on a shared machine, {threads} thread{'' if threads == 1 else 's'} each"
