@@ -1,5 +1,6 @@
 """Multi-level training (Zou et al., ICLR 2024): the exact properties of the operators, the V-cycle
 driver's FLOPs ledger, a 2-process gloo V-cycle and resume across a stage boundary."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -349,3 +350,83 @@ def test_vcycle_builds_one_accelerator_per_process_for_all_its_stages(tiny_data_
     cfg = load_config(None, vcycle_overrides(tiny_data_dir))
     run_vcycle(cfg, tmp_path / "run")
     assert len(plan_stages(cfg)) == 3 and len(made) == 1
+
+
+# ----------------------------------------------------------------------------- the coalesce hook (notebook 04)
+def _accellib_linear(layer, n_head, W, b):
+    """accellib's coalesce_width on a state_dict of this one Linear (as notebook 04's check cell)."""
+    cfg = ModelConfig(d_model=min(W.shape), n_head=n_head, mlp_ratio=max(W.shape) // min(W.shape), tie_head=False)
+    name = f"transformer.h.0.{layer}"
+    small = ml.coalesce_width({f"{name}.weight": W, f"{name}.bias": b}, cfg)
+    return small[f"{name}.weight"], small[f"{name}.bias"]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_coalesce_linear_hook_with_accellibs_own_function_is_bitwise(bias):
+    cfg = ModelConfig(vocab_size=40, seq_len=12, n_layer=4, n_head=4, d_model=32, tie_head=False, bias=bias)
+    sd = generic_state(cfg)
+    calls = []
+
+    def own(layer, n_head, W, b):
+        calls.append(layer)
+        return _accellib_linear(layer, n_head, W, b)
+
+    ref, small = ml.coalesce(sd, cfg)
+    routed, small2 = ml.coalesce(sd, cfg, ml.LevelMap(coalesce_linear=own))
+    assert small2 == small and list(routed) == list(ref)
+    assert all(torch.equal(routed[k], ref[k]) for k in ref)
+    assert sorted(calls) == sorted(ml.BLOCK_LINEARS * cfg.n_layer)          # every Linear of every block, once
+    model_from(routed, small)                                                 # loads strictly
+
+
+def _small_stage_losses(tiny_data_dir, fn, steps=3):
+    """The V-cycle's coalesce step with LevelMap.coalesce_linear = fn, then `steps` steps of its small stage."""
+    from accellib.drivers.vcycle import stage_config
+    cfg = load_config(None, vcycle_overrides(tiny_data_dir))
+    cfg.model.vocab_size = 257
+    down, bottom = plan_stages(cfg)[:2]
+    torch.manual_seed(cfg.train.seed)
+    large_sd = Transformer(down.model).state_dict()
+    m = dataclasses.replace(cfg.techniques["multilevel"].level_map(), coalesce_linear=fn)
+    sd, small_cfg = ml.coalesce(large_sd, down.model, m)
+    small = Transformer(small_cfg)
+    small.load_state_dict(sd, strict=True)
+    tr = Trainer(stage_config(cfg, bottom), model=small, data_offset=down.steps)
+    return [float(tr.train_step()) for _ in range(steps)]
+
+
+def test_coalesce_linear_hook_in_training_and_a_wrong_function_changes_the_loss(tiny_data_dir):
+    ref = _small_stage_losses(tiny_data_dir, None)
+    assert _small_stage_losses(tiny_data_dir, _accellib_linear) == ref
+
+    def averages_inputs(layer, n_head, W, b):   # the usual slip: the pair's input weights averaged, not summed
+        Ws, bs = _accellib_linear(layer, n_head, W, b)
+        return Ws / 2, bs
+    wrong = _small_stage_losses(tiny_data_dir, averages_inputs)
+    assert max(abs(a - b) for a, b in zip(wrong, ref)) > 1e-4
+
+
+def test_coalesce_linear_hook_refuses_what_its_signature_cannot_express():
+    sd = generic_state()
+    for m in (ml.LevelMap(coalesce_linear=_accellib_linear, width_pairing="adjacent"),
+              ml.LevelMap(coalesce_linear=_accellib_linear, factor=4)):
+        with pytest.raises(ml.MultiLevelError, match="half pairing"):
+            ml.coalesce(sd, CFG, m)
+    with pytest.raises(ml.MultiLevelError, match="expected"):
+        ml.coalesce(sd, CFG, ml.LevelMap(coalesce_linear=lambda layer, n_head, W, b: (W, b)))
+
+
+def test_notebook_04s_reference_and_solution_keep_the_hooks_contract(tiny_data_dir):
+    """The check cell's reference (`coalesce_width`, what the notebook routes while the exercise is empty) gives
+    bitwise the losses of coalesce_linear = None; the solution's answer stays within the notebook's 1e-5."""
+    import contextlib, io
+    from test_exercises import ROOT, exercise
+    _, chk, solution = exercise(ROOT / "notebooks" / "04_multilevel_vcycle.ipynb")
+    ns = {"__name__": "__exercise__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(solution + "\n" + chk, "<cell>", "exec"), ns)
+    assert ns["ok"]
+    ref = _small_stage_losses(tiny_data_dir, None)
+    assert _small_stage_losses(tiny_data_dir, ns["coalesce_width"]) == ref
+    yours = _small_stage_losses(tiny_data_dir, ns["my_coalesce_linear"])
+    assert max(abs(a - b) for a, b in zip(yours, ref)) <= 1e-5

@@ -336,3 +336,63 @@ def test_resume_is_exact(tiny_cfg, tmp_path, monkeypatch, draws):
     full, part, rec_full, rec_part = crash_and_resume(tiny_cfg, kw, tmp_path, monkeypatch, crash_after=6)
     assert part == full
     assert rec_full["final"]["val_loss"] == rec_part["final"]["val_loss"]
+
+
+# ----------------------------------------------------------------------------- the layer hook (notebook 03)
+def _hook_losses(cfg, fn, steps=3):
+    """Losses and final parameters of `steps` training steps with RandomLTD.layer_fn = fn."""
+    tr = Trainer(cfg)
+    next(t for t in tr.techniques if t.name == "random_ltd").layer_fn = fn
+    return [float(tr.train_step()) for _ in range(steps)], params(tr)
+
+
+@pytest.mark.parametrize("pld", [False, True], ids=["alone", "with_pld"])
+def test_layer_fn_hook_with_accellibs_own_layer_is_bitwise_and_a_wrong_layer_changes_the_loss(tiny_cfg, pld):
+    """layer_fn = None is run_block's gather -> block -> scatter; accellib's own layer through the hook gives the
+    same bits (with PLD the block arrives with its 1/p scale bound), is called for every dropping block of every
+    micro-batch, and a layer that lets the block see every token trains differently (the hook is really used)."""
+    kw = dict(LTD, **{"random_ltd.min_len": 8})
+    if pld:
+        kw.update({"pld.enabled": True, "pld.gamma": 1.0})
+    calls = []
+
+    def accellib_layer(x, keep, block):
+        calls.append(tuple(keep.shape) + (isinstance(block, torch.nn.Module),))   # False: PLD's scale bound
+        return run_block(block, x, BlockPlan(keep=keep))
+
+    ref, p_ref = _hook_losses(tiny_cfg(**kw), None)
+    same, p_same = _hook_losses(tiny_cfg(**kw), accellib_layer)
+    assert same == ref and torch.equal(p_same, p_ref)
+    if not pld:  # every middle block (1 and 2 of 4) of each of the 3 steps; with PLD some are skipped
+        assert len(calls) == 6 and all(b == 8 and r < 32 and plain for b, r, plain in calls)
+    else:        # some dropping block ran with PLD's 1/p scale, through run_block's own call blk(h, s) as well
+        assert not all(plain for *_, plain in calls)
+    wrong, _ = _hook_losses(tiny_cfg(**kw), lambda x, keep, block: block(x))   # no token dropped
+    assert max(abs(a - b) for a, b in zip(wrong, ref)) > 1e-4
+
+
+def test_layer_fn_hook_is_not_called_at_full_length(tiny_cfg):
+    def never(x, keep, block):
+        raise AssertionError("called with r = S")
+    plain = Trainer(tiny_cfg())
+    base = [float(plain.train_step()) for _ in range(3)]
+    full, _ = _hook_losses(tiny_cfg(**LTD, **{"random_ltd.min_len": 32}), never)
+    assert full == base
+
+
+def test_notebook_03s_reference_and_solution_keep_the_hooks_contract(tiny_cfg):
+    """The check cell's reference (`run_block_kept`, what the notebook routes while the exercise is empty) gives
+    bitwise the losses of layer_fn = None; the solution's answer stays within the notebook's 1e-5."""
+    import contextlib, io
+    from test_exercises import ROOT, exercise
+    _, chk, solution = exercise(ROOT / "notebooks" / "03_random_ltd.ipynb")
+    ns = {"__name__": "__exercise__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(solution + "\n" + chk, "<cell>", "exec"), ns)
+    assert ns["ok"]
+    cfg = lambda: tiny_cfg(**LTD, **{"random_ltd.min_len": 8})
+    ref, p_ref = _hook_losses(cfg(), None)
+    routed, p_routed = _hook_losses(cfg(), ns["run_block_kept"])
+    assert routed == ref and torch.equal(p_routed, p_ref)
+    yours, _ = _hook_losses(cfg(), ns["my_random_ltd_layer"])
+    assert max(abs(a - b) for a, b in zip(yours, ref)) <= 1e-5

@@ -12,6 +12,9 @@ layer loop of `Transformer.forward`:
                                    (1/p for PLD's unbiased gate)
     plan.blocks[i].keep   (B, k) sorted token positions block i sees; the other tokens pass
                                    through unchanged (random-LTD); None = all tokens
+    plan.blocks[i].layer_fn  with keep: a function (x, keep, block) -> y that replaces run_block's
+                                   gather -> block -> scatter (RandomLTD.layer_fn; notebook 03 routes the
+                                   student's layer through it); None = run_block's own code
 
 `plan=None` is the plain model, and so is `Plan.full(n_layer)` (tested bitwise).
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -63,6 +66,7 @@ class BlockPlan:
     run: bool = True
     scale: float = 1.0
     keep: Optional[torch.Tensor] = None   # (B, k) int64, sorted ascending, unique per row
+    layer_fn: Optional[Callable] = None   # with keep: (x, keep, block) -> y instead of run_block's gather/scatter
 
 
 @dataclass
@@ -148,6 +152,10 @@ def run_block(block: Block, x: torch.Tensor, bp: Optional[BlockPlan]) -> torch.T
         return x  # skipped: exact identity, no compute, no gradient to the block's weights
     if bp.keep is None:
         return block(x, bp.scale)
+    if bp.layer_fn is not None:  # replaces the three lines below (the signature of notebook 03's exercise); with a
+        # residual scale (PLD beside random-LTD) the block gets it bound, callable as blk(h) and as run_block's blk(h, s)
+        blk = block if bp.scale == 1.0 else (lambda h, s=1.0: block(h, bp.scale * s))
+        return bp.layer_fn(x, bp.keep, blk)
     # random-LTD: gather kept tokens -> block -> scatter back; the rest pass through unchanged
     idx = bp.keep.unsqueeze(-1).expand(-1, -1, x.size(-1))      # (B, k, C)
     sub = block(torch.gather(x, 1, idx), bp.scale)               # (B, k, C)

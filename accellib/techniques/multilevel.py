@@ -54,7 +54,7 @@ max |logit difference| is ~1e-6 in fp32, against ~1 with the official x0.5 appli
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -174,11 +174,45 @@ def _along(M: torch.Tensor, W: torch.Tensor, dim: int) -> torch.Tensor:
     return M @ W if dim == 0 else W @ M.T
 
 
-def coalesce_width(sd: dict, large: ModelConfig, factor: int = 2, pairing: str = "half") -> dict:
+BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")   # the Linears of a block
+
+
+def _block_linear(name: str) -> Optional[str]:
+    """"attn.c_attn" etc. for a parameter of one of a block's Linears, else None."""
+    return next((l for l in BLOCK_LINEARS if name.endswith(f".{l}.weight") or name.endswith(f".{l}.bias")), None)
+
+
+def coalesce_width(sd: dict, large: ModelConfig, factor: int = 2, pairing: str = "half",
+                   linear_fn: Optional[Callable] = None) -> dict:
+    """Width coalescing of a state_dict (paper §3.2). linear_fn (LevelMap.coalesce_linear): None = every tensor
+    by the matrices below; a function (layer, n_head, W, b) -> (W_s, b_s) coalesces each Linear of every block
+    instead (layer one of BLOCK_LINEARS, b zeros where the model has no bias); pairs with the half pairing only."""
     # out side: W_s = A_out W_l;  in side: W_s = W_l P_in  (pairs of inputs summed)
     maps = _width_maps(large, factor, pairing)
+    routed: dict = {}
+    if linear_fn is not None:
+        if (factor, pairing) != (2, "half"):
+            raise MultiLevelError(f"a coalesce_linear function coalesces pairs with the half pairing; this map has "
+                                  f"factor {factor}, pairing {pairing!r}: use factor 2, width_pairing half")
+        for k, W in sd.items():
+            layer = _block_linear(k)
+            if layer is None or not k.endswith(".weight"):
+                continue
+            bk = k[: -len("weight")] + "bias"
+            b = sd.get(bk)
+            Ws, bs = linear_fn(layer, large.n_head, W, b if b is not None else W.new_zeros(W.shape[0]))
+            want = (W.shape[0] // 2, W.shape[1] // 2)
+            if tuple(Ws.shape) != want or tuple(bs.shape) != want[:1]:
+                raise MultiLevelError(f"coalesce_linear returned shapes {tuple(Ws.shape)}, {tuple(bs.shape)} for "
+                                      f"{k} {tuple(W.shape)}; expected {want}, {want[:1]}")
+            routed[k] = Ws
+            if b is not None:
+                routed[bk] = bs
     out = {}
     for k, W in sd.items():
+        if k in routed:
+            out[k] = routed[k]
+            continue
         for dim, space, role in _width_roles(k):
             A, P = maps[space]
             W = _along(A if role == "out" else P.T, W, dim)
@@ -245,12 +279,18 @@ def decoalesce_depth(sd: dict, n_layer: int, factor: int = 2, pairing: str = "ad
 # ----------------------------------------------------------------------------- one level
 @dataclass
 class LevelMap:
-    """How level k (large) maps to level k+1 (small)."""
+    """How level k (large) maps to level k+1 (small).
+
+    coalesce_linear, the width-coalescing hook (paper §3.2, W_s = A_out W P_in, b_s = A_out b): None (the
+    default) = accellib's matrices for every tensor; a function (layer, n_head, W, b) -> (W_s, b_s), the
+    signature of notebook 04's exercise, coalesces each Linear of every block instead (coalesce_width), with
+    factor 2 and the half pairing. Not a config option: set it on the LevelMap passed to `coalesce`."""
     factor: int = 2
     width: bool = True
     depth: bool = True
     width_pairing: str = "half"
     depth_pairing: str = "adjacent"
+    coalesce_linear: Optional[Callable] = None
 
 
 def coalesce(sd: dict, large: ModelConfig, m: LevelMap = LevelMap()) -> tuple[dict, ModelConfig]:
@@ -258,7 +298,7 @@ def coalesce(sd: dict, large: ModelConfig, m: LevelMap = LevelMap()) -> tuple[di
     small = coalesced_config(large, m.factor, m.width, m.depth)
     sd = {k: v.detach() for k, v in sd.items()}
     if m.width:
-        sd = coalesce_width(sd, large, m.factor, m.width_pairing)
+        sd = coalesce_width(sd, large, m.factor, m.width_pairing, m.coalesce_linear)
     if m.depth:
         sd = coalesce_depth(sd, large.n_layer, m.factor, m.depth_pairing)
     return sd, small

@@ -17,6 +17,12 @@ Four parts, as every accellib technique:
   keep_indices()     the mechanism: sorted random subsets, written into plan.blocks[i].keep;
                      the model's `run_block` gathers them, runs the block, scatters back.
 
+The layer hook (`RandomLTD.layer_fn`, §3.1's layer). None (the default): every dropping block runs
+`run_block`'s gather -> block -> scatter. A function (x, keep, block) -> y, x (B, S, C), keep (B, r),
+block (B, r, C) -> (B, r, C), replaces those three lines in every dropping block of every step, forward
+and backward (update_plan writes it into plan.blocks[i].layer_fn beside keep); notebook 03 routes the
+student's `my_random_ltd_layer` through it. With r = S nothing is dropped and the hook is not called.
+
 Why sorting is enough for a causal model: the block runs on the gathered (B, r, C) tensor with
 the ordinary causal mask; since kept positions are ascending, "earlier in the gathered tensor"
 is "earlier in the original sequence", so a kept token attends exactly to the kept tokens at
@@ -168,6 +174,7 @@ class RandomLTD(Technique):
         self.last_r = self.schedule(0)
         self.lt_per_step = 0  # set in setup, when the world size is known
         self.world, self.rank = 1, 0  # data-parallel size and index, set in setup
+        self.layer_fn = None  # (x, keep, block) -> y instead of run_block's gather/scatter (module docstring)
 
     def setup(self, trainer) -> None:
         c, m, t, o = self.cfg, self.run_cfg.model, self.run_cfg.train, self.run_cfg.optim
@@ -205,6 +212,7 @@ class RandomLTD(Technique):
         for i in self.layers:
             g = generator_for(seed, step, index, _TAG, i, device=self.device)
             plan.blocks[i].keep = keep_indices(B, S, r, g)
+            plan.blocks[i].layer_fn = self.layer_fn
 
     def should_stop(self, state) -> bool:
         budget = self.cfg.budget_steps * self.lt_per_step
