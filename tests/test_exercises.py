@@ -34,6 +34,17 @@ def exercise(nb_path: Path) -> tuple[str, str, str]:
     return srcs[i], srcs[i + 1], m.group(1)
 
 
+def solved(name: str) -> dict:
+    """The namespace of notebook `name`'s check cell run after its solution (the check must pass): the check's
+    reference function and the solved `my_...` function, as the notebook holds them once the exercise is done."""
+    _, chk, solution = exercise(ROOT / "notebooks" / name)
+    ns = {"__name__": "__exercise__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(solution + "\n" + chk, "<cell>", "exec"), ns)
+    assert ns["ok"]
+    return ns
+
+
 def run(*sources: str) -> str:
     out, ns = io.StringIO(), {"__name__": "__exercise__"}
     with contextlib.redirect_stdout(out):

@@ -419,13 +419,8 @@ def test_coalesce_linear_hook_refuses_what_its_signature_cannot_express():
 def test_notebook_04s_reference_and_solution_keep_the_hooks_contract(tiny_data_dir):
     """The check cell's reference (`coalesce_width`, what the notebook routes while the exercise is empty) gives
     bitwise the losses of coalesce_linear = None; the solution's answer stays within the notebook's 1e-5."""
-    import contextlib, io
-    from test_exercises import ROOT, exercise
-    _, chk, solution = exercise(ROOT / "notebooks" / "04_multilevel_vcycle.ipynb")
-    ns = {"__name__": "__exercise__"}
-    with contextlib.redirect_stdout(io.StringIO()):
-        exec(compile(solution + "\n" + chk, "<cell>", "exec"), ns)
-    assert ns["ok"]
+    from test_exercises import solved
+    ns = solved("04_multilevel_vcycle.ipynb")
     ref = _small_stage_losses(tiny_data_dir, None)
     assert _small_stage_losses(tiny_data_dir, ns["coalesce_width"]) == ref
     yours = _small_stage_losses(tiny_data_dir, ns["my_coalesce_linear"])

@@ -383,13 +383,8 @@ def test_layer_fn_hook_is_not_called_at_full_length(tiny_cfg):
 def test_notebook_03s_reference_and_solution_keep_the_hooks_contract(tiny_cfg):
     """The check cell's reference (`run_block_kept`, what the notebook routes while the exercise is empty) gives
     bitwise the losses of layer_fn = None; the solution's answer stays within the notebook's 1e-5."""
-    import contextlib, io
-    from test_exercises import ROOT, exercise
-    _, chk, solution = exercise(ROOT / "notebooks" / "03_random_ltd.ipynb")
-    ns = {"__name__": "__exercise__"}
-    with contextlib.redirect_stdout(io.StringIO()):
-        exec(compile(solution + "\n" + chk, "<cell>", "exec"), ns)
-    assert ns["ok"]
+    from test_exercises import solved
+    ns = solved("03_random_ltd.ipynb")
     cfg = lambda: tiny_cfg(**LTD, **{"random_ltd.min_len": 8})
     ref, p_ref = _hook_losses(cfg(), None)
     routed, p_routed = _hook_losses(cfg(), ns["run_block_kept"])
