@@ -480,8 +480,9 @@ def part_environment(c: Check) -> dict:
         out["triton"] = triton.__version__
     except ImportError:
         out["triton"] = None
-    out["compiler"] = compiler()[0]
-    out["python_headers"] = python_headers()[0]
+    cc, headers = compiler()[0], python_headers()[0]
+    out["compiler"] = cc and Path(cc).name                           # names, not this machine's paths
+    out["python_headers"] = "found" if headers else None
     if c.device.type == "cuda":
         p = torch.cuda.get_device_properties(0)
         out.update(gpu=p.name, capability=f"{p.major}.{p.minor}", memory_gb=round(p.total_memory / 1e9, 1),
@@ -990,11 +991,11 @@ def main(argv=None) -> int:
     args.runs = args.runs or str(out.with_name(out.stem + "_runs") if args.smoke else ROOT / "runs" / "gpu_check")
     Path(args.runs).mkdir(parents=True, exist_ok=True)
     clock = Clock(args.deadline, args.margin)
-    from accellib.core.records import git_commit
+    from accellib.core.records import command_line, git_commit
     rec = Record(out, dict(check="benchmarks/gpu_check.py (issue 34)", device=gpu, smoke=args.smoke,
                            deadline_s=args.deadline, margin_s=args.margin,
                            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), git_commit=git_commit(),
-                           command="python3 benchmarks/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                           command=command_line("benchmarks/gpu_check.py", sys.argv[1:] if argv is None else argv, ROOT),
                            config=CONFIG, arms_asked=chosen,
                            data="uniform random GPT-2 ids (no text): losses only show that training ran"))
     print(f"gpu_check: {gpu}, torch {torch.__version__}; deadline {args.deadline:.0f} s; writing {out} after every part",

@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,12 @@ def wheels_path(whl: Path, tmp: Path) -> str | None:
     return str(target)
 
 
+def short_paths(text: str) -> str:
+    """A log tail as the record keeps it: every absolute path cut to its last two parts (.../torch/autograd/graph.py
+    -> .../autograd/graph.py), so the committed record names files, not the machine's folders."""
+    return re.sub(r"/(?:[^/\s\"':]+/)+([^/\s\"':]+/[^/\s\"':]+)", r".../\1", text)
+
+
 def gpu_name() -> str:
     import torch
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
@@ -95,7 +102,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.one:
         run_one(Path(a.one[0]), Path(a.one[1]))
-    from accellib.core.records import environment, write_json
+    from accellib.core.records import command_line, environment, write_json
     gpu = gpu_name()
     if gpu == "cpu" and not a.allow_cpu:
         sys.exit("notebooks_gpu: torch sees no CUDA GPU here; run it on the GPU machine (or pass --allow-cpu to "
@@ -113,8 +120,9 @@ def main(argv=None) -> int:
     site = wheels_path(ROOT / ".whl", tmp)
     env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), site, os.environ.get("PYTHONPATH")) if p))
-    record = dict(command="python3 benchmarks/notebooks_gpu.py", gpu=gpu, environment=environment(),
-                  jobs=a.jobs, timeout_s=a.timeout, finished=False, notebooks={})
+    cmd = command_line("benchmarks/notebooks_gpu.py", sys.argv[1:] if argv is None else argv, ROOT)
+    record = dict(command=cmd, gpu=gpu, environment=environment(), jobs=a.jobs, timeout_s=a.timeout, finished=False,
+                  notebooks={})
     t_all = time.perf_counter()
 
     def one(p: Path) -> None:
@@ -130,7 +138,7 @@ def main(argv=None) -> int:
         status = ("passed" if rc == 0 else "timeout" if rc is None else "failed")
         r.update(status=status, seconds=round(time.perf_counter() - t0, 1))
         if status != "passed":
-            r["log_tail"] = log.read_text(errors="replace")[-1500:]
+            r["log_tail"] = short_paths(log.read_text(errors="replace")[-1500:])
         with lock:
             record["notebooks"][p.name] = r
             write_json(out, record)

@@ -47,6 +47,8 @@ def test_gpu_check_smoke_writes_one_finite_record_per_arm(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     rec = json.loads(out.read_text())
     assert rec["device"] == "cpu" and rec["smoke"] and rec["git_commit"] and rec["finished"]
+    assert str(tmp_path) not in out.read_text() and rec["command"].endswith("--out <path>")   # no machine paths
+    assert rec["parts"]["environment"]["compiler"] in (None, "gcc", "clang", "cc")
     assert set(rec["arms"]) == {"baseline", "pld", "sbld", "random_ltd", "multilevel", "standardization_loss"}
     assert "CUDA" in rec["skipped"]["arm:lowp_fp8"]
     for name in ("environment", "calibration", "matmul_peak", "trainer_vs_plain", "fsdp"):

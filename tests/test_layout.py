@@ -205,3 +205,14 @@ def test_wheel_imports_and_runs_outside_the_checkout(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import accellib; print(accellib.install_hint('hf'))"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
     assert r.stdout.startswith("pip install 'transformers") and "install -e" not in r.stdout, r.stdout
+
+
+def test_tracked_records_hold_no_machine_paths():
+    """results/*.json are committed: an absolute path of the machine that wrote one (an --out-dir, a compiler's
+    location) means nothing to a reader and leaks that machine's layout."""
+    import re
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r'"(/(?:root|home|opt|usr|tmp|work|Users|scratch|mnt|data)/[^"]*)"|\s(/(?:root|home|opt|tmp|work)/\S+)')
+    found = [(p.name, m.group(0)) for p in sorted((root / "results").glob("*.json"))
+             for m in pattern.finditer(p.read_text())]
+    assert not found, found[:5]

@@ -81,6 +81,17 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def command_line(script: str, argv: list[str], root: Path) -> str:
+    """How a benchmark was invoked, as its committed record keeps it: a path argument inside the checkout `root`
+    relative to it, any other absolute path as <path> (a record holds no machine paths)."""
+    def portable(a: str) -> str:
+        if not a.startswith("/"):
+            return a
+        p = Path(a).resolve()
+        return str(p.relative_to(root)) if p.is_relative_to(root) else "<path>"
+    return " ".join(["python3", script, *map(portable, argv)])
+
+
 def table(rows: list[dict], skip: tuple[str, ...] = ()) -> str:
     """Rows of a benchmark as a text table, one column per key of the first row (but `skip`)."""
     keys = [k for k in rows[0] if k not in skip]
