@@ -19,7 +19,7 @@ from accellib.techniques import REGISTRY
 from accellib.techniques._layer_drop_common import (apply_gates, depth_keep_probs, draw_gates,
                                                     expected_executed, pld_theta)
 from accellib.techniques.base import Technique, check_composition
-from accellib.techniques.sensitivity_layer_drop import block_list, fit_pwegd, keep_prob_list, pwegd, water_fills
+from accellib.techniques.sensitivity_layer_drop import block_list, fit_pwegd, keep_prob_list, pwegd
 from accellib.train import training_function
 from accellib.core.trainer import Trainer
 from conftest import crash_and_resume, tiny_overrides
@@ -344,11 +344,3 @@ def test_sbld_keep_prob_list_fn_routes_algorithm_1(tiny_cfg):
     with pytest.raises(ValueError, match="2 keep probabilities for 4 blocks"):
         _routed(cfg, "sbld", "keep_prob_list_fn", lambda *a: [1.0, 1.0])
 
-
-@pytest.mark.parametrize("theta,sens,block", [(0.5, [0.3, 0.0, 0.2, 0.1], [0]), (0.4, [0.9, 0.8, 0.1, 0.05], [0, 1]),
-                                              (0.5, [0.0] * 4, []), (1.0, [0.2, 0.1], [0, 1]), (0.3, [0.2, 0.1], [0])])
-def test_water_fills_is_keep_prob_list_without_its_fallbacks(theta, sens, block):
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        keep_prob_list(theta, sens, block, 0.1)
-    assert water_fills(theta, sens, block, 0.1) == (not w)

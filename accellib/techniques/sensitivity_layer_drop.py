@@ -40,9 +40,8 @@ V2-L fine-tuning 35% less time, 3.86 h with 20 epochs vs 5.97 h with 30 epochs, 
 
 `keep_prob_list_fn` (None by default: `keep_prob_list`, bit for bit) replaces Algorithm 1's list (step 4):
 fn(theta, sens, block, p_min) -> [p_1, ..., p_L], the signature of notebook 02's your-turn `my_keep_prob_list`.
-It is called where step 4's water-filling runs (max s > 0 and K_A >= |A| p_min); `keep_prob_list`'s two
-fallbacks (all-zero s, a budget below the Block list + p_min) stay accellib's. Set it on a trainer's technique
-instance; the gates, the 1/p scale and the FLOPs bookkeeping then use its list.
+`keep_prob_list` calls it (as `fill`, on copies) where step 4's water-filling runs; its two fallbacks (all-zero s,
+a budget below the Block list + p_min) stay accellib's. Set it on a trainer's technique instance; the gates, the 1/p scale and the FLOPs bookkeeping then use its list.
 """
 from __future__ import annotations
 
@@ -76,8 +75,10 @@ def block_list(sens: list[float], fraction: float, threshold: float = 0.0) -> li
 
 
 def keep_prob_list(theta: float, sens: list[float], block: list[int], p_min: float = 0.1,
-                   warn: bool = True) -> list[float]:
-    """Keep probability of each block under the budget sum_l p_l = theta * L (module doc, step 4)."""
+                   warn: bool = True, fill: Optional[Callable] = None) -> list[float]:
+    """Keep probability of each block under the budget sum_l p_l = theta * L (module doc, step 4). `fill`, when
+    given, replaces step 4's water-filling (fill(theta, sens, block, p_min) -> the list, called on copies); the two
+    fallbacks below stay these."""
     L = len(sens)
     if max(sens) <= 0:  # nothing measurable: PLD's depth-linear prior
         if warn:
@@ -96,6 +97,8 @@ def keep_prob_list(theta: float, sens: list[float], block: list[int], p_min: flo
         for l in allow:
             p[l] = p_min
         return p
+    if fill is not None:
+        return list(fill(theta, list(sens), list(block), p_min))
     # rank weights: least sensitive (ties: higher block) gets |A|, most sensitive gets 1; mean 1
     by_sens = sorted(allow, key=lambda l: (sens[l], -l))
     n = len(allow)
@@ -109,12 +112,6 @@ def keep_prob_list(theta: float, sens: list[float], block: list[int], p_min: flo
     for l in allow:
         p[l] = min(1.0, max(p_min, 1.0 - hi * w[l]))
     return p
-
-
-def water_fills(theta: float, sens: list[float], block: list[int], p_min: float) -> bool:
-    """Whether `keep_prob_list` reaches step 4's water-filling, i.e. neither of its two fallbacks."""
-    L = len(sens)
-    return max(sens) > 0 and theta * L - len(block) >= (L - len(block)) * p_min - 1e-9
 
 
 # ----------------------------------------------------------------------------- variance scheduler
@@ -203,15 +200,11 @@ class SensitivityLayerDrop(LayerDropTechnique):
         if self.sensitivity is None or step < self.W:
             return [1.0] * self.n_layer
         if step not in self._cache:
-            theta, sens, block, p_min = self.theta(step), self.sensitivity, self.block, self.cfg.p_min
-            fn = self.keep_prob_list_fn
-            if fn is not None and water_fills(theta, sens, block, p_min):   # step 4 by the given function
-                p = list(fn(theta, list(sens), list(block), p_min))        # copies: it cannot change the profile
-                if len(p) != self.n_layer:
-                    raise ValueError(f"sbld: keep_prob_list_fn returned {len(p)} keep probabilities for "
-                                     f"{self.n_layer} blocks")
-            else:
-                p = keep_prob_list(theta, sens, block, p_min, warn=not self._warned)
+            p = keep_prob_list(self.theta(step), self.sensitivity, self.block, self.cfg.p_min,
+                               warn=not self._warned, fill=self.keep_prob_list_fn)
+            if len(p) != self.n_layer:
+                raise ValueError(f"sbld: keep_prob_list_fn returned {len(p)} keep probabilities for "
+                                 f"{self.n_layer} blocks")
             self._cache = {step: p}
             self._warned = True
         return self._cache[step]
