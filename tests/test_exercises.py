@@ -138,3 +138,15 @@ def test_check_stops_an_answer_that_hangs():
     t0 = time.perf_counter()
     ok, text = _out(check, hangs, lambda x: x, [(1,)], timeout=0.5)
     assert ok is False and "did not return within 0.5 s" in text and time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_no_notebook_prints_the_answer_its_check_compares_with(nb):
+    """Issue 37: the accellib function a check compares the student's with is the exercise's answer; printing its
+    source anywhere in the notebook (03 printed run_block's, 02 keep_prob_list's) gives the answer away."""
+    _, chk, _ = exercise(nb)
+    imported = {n.strip() for line in re.findall(r"^from accellib\S* import \(?([^)\n]*)", chk, re.M)
+                for n in line.split(",") if n.strip()}
+    srcs = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+    printed = set(re.findall(r"getsource\((?:[\w.]+\.)?(\w+)\)", srcs))
+    assert not (printed & (imported - {"check"})), f"{nb.name} prints the source of {printed & imported}"
