@@ -77,6 +77,8 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
         final = trainer.fit(resume=resume)
         if trainer.is_main:
             resumes = dict(resumes=trainer.state.resumes) if trainer.state.resumes else {}  # what each resume changed
+            if trainer.state.one_off:  # seconds of one-off work timed apart from training (Trainer.one_off)
+                resumes["one_off_s"] = {k: round(v, 4) for k, v in trainer.state.one_off.items()}
             write_record(out, cfg.to_dict(), final, trainer.accelerator, params=num_params(trainer.raw_model),
                          distributed=trainer.distributed(), **resumes)
             set_style()

@@ -65,6 +65,9 @@ class TrainState:
     best_loss: float = math.inf  # the lowest logged training loss (window mean): divergence is judged against it
     best_val: float = math.inf   # the lowest validation loss so far: a divergence is confirmed against it
     flagged_since: int = -1      # first step of the open run of flagged log windows (-1: the last one was not flagged)
+    # seconds of one-off work done between steps outside the training clock (Trainer.one_off), by name, e.g.
+    # {"sbld_profile": 0.8}: charged in FLOPs like any step's work, timed apart so steady-state tok/s stays clean
+    one_off: dict = field(default_factory=dict)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -328,6 +331,24 @@ class Trainer:
             st.wall += now - self._clock
             st.win_wall += now - self._clock
         self._clock = now
+
+    def one_off(self, name: str, fn):
+        """Run fn() once between two training steps, outside the training clock, and return its result: one-off
+        work such as SBLD's sensitivity profile (accellib/techniques/sensitivity_layer_drop.py), whose cost belongs
+        to the run but not to its steady-state tokens/s. The device is waited for before and after (so the steps
+        queued before it are training time and its own kernels are not); its seconds add up in
+        state.one_off[name] (record.json's "one_off_s"). Outside fit() (train_step called directly) it just runs fn."""
+        timed = self._clock is not None
+        if timed:
+            _wait_for(self.accelerator.device)
+            self._tick()  # the training time up to here
+        t0 = time.perf_counter()
+        out = fn()
+        _wait_for(self.accelerator.device)
+        self.state.one_off[name] = self.state.one_off.get(name, 0.0) + time.perf_counter() - t0
+        if timed:
+            self._clock = time.perf_counter()
+        return out
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """The standard step's clip: the global norm computed as every engine computes it
@@ -731,6 +752,12 @@ class Trainer:
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
         return final
+
+
+def _wait_for(device: torch.device) -> None:
+    """Wait until the device has done every queued kernel (a no-op on a CPU, whose ops run as called)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
