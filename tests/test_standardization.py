@@ -1,6 +1,8 @@
-"""The standardization loss (Collins, Ballé & Shlens 2019): closed form, sign, zero point, gradients, axes."""
+"""The standardization loss (Collins, Ballé & Shlens 2019): closed form, sign, zero point, gradients, axes, and the
+technique's loss bit for bit."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
@@ -41,3 +43,30 @@ def test_moments_are_biased_and_over_the_right_axes():
     assert torch.equal(mu, flat.mean(0)) and torch.allclose(var, flat.var(0, unbiased=False))
     mu1, var1 = channel_moments(x, 1)                                    # (B, C, L): channels in dim 1
     assert torch.allclose(var1, x.transpose(1, 2).reshape(-1, 3).var(0, unbiased=False)) and mu1.shape == (3,)
+
+
+@pytest.mark.parametrize("over", [{}, {"train.grad_accum": 2, "standardization_loss.layers": "[1, 3]",
+                                       "standardization_loss.weight": 0.01}], ids=["all", "some-accumulated"])
+def test_the_technique_adds_w_times_the_hooked_layers_terms_bitwise(tiny_cfg, over):
+    """The terms wait on their markers (PreAct.std_term) between the forward and the loss, not in a list: the
+    same losses, bit for bit, as a plain trainer whose loss adds w * (the terms in call order, stacked, summed)."""
+    from accellib.core.trainer import Trainer
+    from accellib.models.transformer import PreAct
+    sl = Trainer(tiny_cfg(**{"model.norm": "none", "standardization_loss.enabled": True, **over}))
+    ref = Trainer(tiny_cfg(**{"model.norm": "none", **{k: v for k, v in over.items() if "standardization" not in k}}))
+    markers = [m for m in ref.raw_model.modules() if isinstance(m, PreAct)]
+    hooked, w = ([1, 3], 0.01) if over else (range(len(markers)), 1.0)
+    seen = []
+    for i in hooked:
+        markers[i].register_forward_hook(lambda m, i, o: seen.append(standardization_loss(o)))
+    plain = ref.forward_loss
+
+    def with_terms(x, y, plan):
+        seen.clear()
+        loss, total = plain(x, y, plan)
+        return loss, total + w * torch.stack(seen).sum()
+    ref.forward_loss = with_terms
+    for _ in range(4):
+        assert torch.equal(sl.train_step(), ref.train_step())
+    assert all(torch.equal(p, q) for p, q in zip(sl.raw_model.parameters(), ref.raw_model.parameters()))
+    assert sl.techniques[0].terms == [] and all(m.std_term is None for m in sl.techniques[0].markers)

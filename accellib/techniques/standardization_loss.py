@@ -15,6 +15,10 @@ training-time loss pulls their per-channel batch moments toward N(0, 1):
   (its MobileNet runs, App.), and with gradient accumulation each micro-batch is one "core".
 * Training only: the hooks record nothing in eval mode or without gradients, so evaluation and the
   exported model are exactly the plain network (tested).
+* Where a term waits for the loss, ours: on its marker (`PreAct.std_term`), overwritten by each forward and
+  summed in model order by `extra_loss`, outside any compiled region. Appended to a Python list inside a
+  compiled block, Dynamo guarded on the list's length and compiled one graph per block position
+  (tests/test_compile_graphs.py); a fixed slot per marker keeps train.compile=blocks at 2 graphs.
 * The transformer variant, ours (not in the paper): model.norm=none removes every LayerNorm, and the
   loss acts on the MLP pre-activations, the one place a pre-LN block has a nonlinearity.
 """
@@ -57,7 +61,7 @@ class StandardizationLoss(Technique):
 
     def __init__(self, cfg, run_cfg):
         super().__init__(cfg, run_cfg)
-        self.terms: list[torch.Tensor] = []
+        self.markers: list[PreAct] = []   # the hooked PreAct markers, in model order
         self.handles = []
         self.last = 0.0          # sum of L_std over the hooked layers, mean over the step's micro-batches
         self._step_sums: list[torch.Tensor] = []
@@ -70,20 +74,38 @@ class StandardizationLoss(Technique):
         if not markers or max(chosen) >= len(markers):
             raise ConfigError(f"standardization_loss.layers={self.cfg.layers} but the model has {len(markers)} "
                               f"pre-activation(s) (indices 0..{len(markers) - 1})")
-        self.handles = [markers[i].register_forward_hook(self._record) for i in chosen]
+        self.markers = [markers[i] for i in chosen]
+        self.terms = []  # every slot empty
+        self.handles = [m.register_forward_hook(self._record) for m in self.markers]
         # every forward of the whole model starts with no terms: a training-mode forward outside a step
         # (a student looking at the logits) must not add its L_std to the next step's loss
-        trainer.raw_model.register_forward_pre_hook(lambda module, args: self.terms.clear())
+        trainer.raw_model.register_forward_pre_hook(lambda module, args: self._clear())
 
     def _record(self, module, inputs, out) -> None:
         if module.training and torch.is_grad_enabled():
-            self.terms.append(self.loss_fn(out, 1 if out.dim() == 4 else -1, self.cfg.eps))
+            module.std_term = self.loss_fn(out, 1 if out.dim() == 4 else -1, self.cfg.eps)
+
+    def _clear(self) -> None:
+        for m in self.markers:
+            m.std_term = None
+
+    @property
+    def terms(self) -> list[torch.Tensor]:
+        """The L_std terms recorded since the model's last forward began, in model order (not yet in a loss)."""
+        return [m.std_term for m in self.markers if m.std_term is not None]
+
+    @terms.setter
+    def terms(self, value: list) -> None:
+        if list(value):
+            raise ValueError("standardization_loss.terms can only be emptied (terms = [])")
+        self._clear()
 
     def extra_loss(self, model, x, y, logits) -> Optional[torch.Tensor]:
-        if not self.terms:
+        terms = self.terms
+        if not terms:
             return None
-        total = torch.stack(self.terms).sum()
-        self.terms.clear()
+        total = torch.stack(terms).sum()
+        self._clear()
         self._step_sums.append(total.detach())
         return self.cfg.weight * total
 
