@@ -218,3 +218,120 @@ def test_torchao_backend_is_refused_without_cuda_or_torchao(tiny_data_dir, monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "torchao" else real(n, *a))
     with pytest.raises(ConfigError, match="needs the torchao package: pip install torchao"):
         Trainer(cfg)
+
+
+# ------------------------------------------------------------------------------ backend=torchao: the FP8 table decides
+from accellib.techniques.low_precision import LowPrecision, fp8_plan, read_table  # noqa: E402
+
+GPT2 = [(f"h.{i}.{n}", k, o) for i in range(12) for n, k, o in
+        (("attn.c_attn", 768, 2304), ("attn.c_proj", 768, 768), ("mlp.c_fc", 768, 3072), ("mlp.c_proj", 3072, 768))]
+GPT2 += [("lm_head", 768, 50304)]
+
+
+def _rows(speedups: dict, m=16384, recipe="tensorwise"):
+    """A synthetic table: {(K, N): speed-up} at one M."""
+    return [dict(name=f"{k}x{n}", shape=[m, k, n], bf16_ms=1.0, fp8_ms={recipe: 1.0 / s}, speedup={recipe: s})
+            for (k, n), s in speedups.items()]
+
+
+def test_fp8_plan_converts_nothing_where_no_shape_gains():
+    rows = _rows({(768, 2304): 0.81, (768, 768): 0.55, (768, 3072): 0.84, (3072, 768): 0.83, (768, 50304): 0.97})
+    plan = fp8_plan(rows, GPT2, 16384, "tensorwise")
+    assert plan.convert == [] and len(plan.reasons) == len(GPT2)
+    assert "\n" not in plan.line and "none converts" in plan.line
+    assert "(16384, 768, 2304) 0.81x (12 Linears)" in plan.line and "(16384, 768, 50304) 0.97x (1 Linear)" in plan.line
+    assert plan.reasons["lm_head"] == "(16384, 768, 50304): tensorwise 0.97x < 1"
+
+
+def test_fp8_plan_converts_only_the_shapes_that_gain_the_head_included():
+    rows = _rows({(768, 2304): 0.9, (768, 768): 0.6, (768, 3072): 1.02, (3072, 768): 1.05, (768, 50304): 1.3})
+    plan = fp8_plan(rows, GPT2, 16384, "tensorwise")
+    assert set(plan.convert) == {n for n, _, _ in GPT2 if n.endswith("mlp.c_fc") or n.endswith("mlp.c_proj")} | {"lm_head"}
+    assert plan.convert[-1] == "lm_head" and "25/49 Linears" in plan.line
+    assert fp8_plan(rows, GPT2, 16384, "tensorwise", min_speedup=1.1).convert == ["lm_head"]
+    # the other recipe was not measured in this table: nothing converts with it, and each Linear says why
+    other = fp8_plan(rows, GPT2, 16384, "rowwise")
+    assert other.convert == [] and other.reasons["lm_head"] == "(16384, 768, 50304): rowwise not measured"
+
+
+def test_fp8_plan_reads_the_row_of_the_nearest_m_and_the_same_k_n():
+    rows = _rows({(768, 3072): 0.8}, m=4096) + _rows({(768, 3072): 1.2}, m=65536)
+    lin = [("fc", 768, 3072), ("odd", 768, 1000), ("other", 1024, 1024)]
+    assert fp8_plan(rows, lin, 8192, "tensorwise").convert == []        # 8192 is nearer 4096 than 65536 (ratio)
+    plan = fp8_plan(rows, lin, 32768, "tensorwise")
+    assert plan.convert == ["fc"] and plan.reasons["fc"].startswith("(65536, 768, 3072)")
+    assert "multiples of 16" in plan.reasons["odd"] and "not in the table" in plan.reasons["other"]
+
+
+def test_fp8_plan_without_a_table_converts_nothing_and_says_how_to_make_one():
+    plan = fp8_plan(None, GPT2, 16384, "tensorwise", source="results/fp8_table_h200.json")
+    assert plan.convert == [] and "\n" not in plan.line
+    assert "results/fp8_table_h200.json" in plan.line and "python benchmarks/fp8_table.py" in plan.line
+    assert "never slower than bf16 by default" in plan.line
+
+
+@pytest.mark.parametrize("text, what", [
+    ("{not json", "not JSON"),
+    ('{"gpu": "x"}', "no list of measured rows under 'rows'"),
+    ('{"rows": [{"shape": [16, 32], "speedup": {}}]}', "row 0: 'shape' is not [M, K, N]"),
+    ('{"rows": [{"shape": [16, 32, 48], "speedup": 1.2}]}', "row 0: 'speedup' is not a mapping"),
+    ('{"rows": [{"shape": [16, 32, 48], "speedup": {"tensorwise": "fast"}}]}', "speedup['tensorwise'] = 'fast'"),
+])
+def test_a_malformed_table_is_refused_in_one_line_naming_the_file(tmp_path, text, what):
+    path = tmp_path / "fp8_table_x.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        read_table(path)
+    assert str(path) in str(e.value) and what in str(e.value) and "\n" not in str(e.value)
+
+
+def _tiny_model():
+    m = nn.Module()
+    m.up, m.down, m.lm_head = nn.Linear(32, 64), nn.Linear(64, 32), nn.Linear(32, 128, bias=False)
+    return m
+
+
+def _setup_torchao(tiny_cfg, monkeypatch, table=None, **kw):
+    """LowPrecision's torchao setup on a CPU, torchao.float8 replaced by a stand-in that records what it converts."""
+    import sys
+    import types
+    from types import SimpleNamespace
+    done = {}
+    fake = types.ModuleType("torchao.float8")
+    fake.Float8LinearConfig = SimpleNamespace(from_recipe_name=lambda r: ("config", r))
+    fake.convert_to_float8_training = lambda model, config, module_filter_fn: done.update(
+        config=config, names=[n for n, x in model.named_modules() if isinstance(x, nn.Linear) and module_filter_fn(x, n)])
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    cfg = tiny_cfg(**LOWP, **{"train.batch_size": 4, "model.seq_len": 16}, **kw,
+                   **({"lowp.fp8_table": str(table)} if table else {}))
+    tech = LowPrecision(cfg.techniques["lowp"], cfg)
+    tech.cfg.backend = "torchao"   # past the constructor's CUDA refusal: only the selection and the record run here
+    printed = []
+    trainer = SimpleNamespace(raw_model=_tiny_model(), accelerator=SimpleNamespace(
+        device=torch.device("cpu"), print=lambda s, **_: printed.append(s)))
+    tech.setup(trainer)
+    return tech, done, printed
+
+
+def test_torchao_setup_converts_what_the_table_says_and_records_it(tiny_cfg, tmp_path, monkeypatch):
+    import json
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"rows": _rows({(32, 64): 0.7, (64, 32): 0.9, (32, 128): 1.1}, m=64, recipe="rowwise")}))
+    tech, done, printed = _setup_torchao(tiny_cfg, monkeypatch, table, **{"lowp.fp8_recipe": "rowwise"})
+    assert done == {"config": ("config", "rowwise"), "names": ["lm_head"]}
+    m = tech.metrics(None)
+    assert m["fp8_layers"] == "1/3" and m["fp8_recipe"] == "rowwise" and m["fp8_reason"] == printed[0]
+    assert tech.converted == ["lm_head"] and tech.kept == ["up", "down"]
+
+
+def test_torchao_setup_without_a_table_for_this_gpu_converts_nothing(tiny_cfg, monkeypatch):
+    tech, done, printed = _setup_torchao(tiny_cfg, monkeypatch)
+    assert done == {} and tech.metrics(None)["fp8_layers"] == "0/3"
+    assert len(printed) == 1 and "fp8_table_cpu.json" in printed[0] and "python benchmarks/fp8_table.py" in printed[0]
+
+
+def test_a_named_fp8_table_must_exist(tiny_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="lowp.fp8_table=.*: no such file .*python benchmarks/fp8_table.py") as e:
+        Trainer(tiny_cfg(**LOWP, **{"lowp.fp8_table": str(tmp_path / "none.json")}))
+    assert "\n" not in str(e.value)
