@@ -3,6 +3,7 @@ no update for skipped blocks, 2-process agreement, exact resume, SBLD's list edg
 import json
 import math
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -277,6 +278,39 @@ def test_sbld_profiles_after_warmup_and_variance_schedule(tiny_cfg):
     thetas = [tv.theta(s) for s in range(2, 7)]
     assert all(0.5 <= v <= 1.0 for v in thetas) and max(thetas) > min(thetas)
 
+
+
+# s_l of the tiny config (40 steps, 2 profiling batches, profiled after step 8), computed before issue 42 moved the
+# profile out of the step: bitwise on the machine they came from; the tolerance allows for other CPU kernels
+SBLD_SENSITIVITY = [float.fromhex(h) for h in ("0x1.acf18p-6", "0x1.3ap-9", "0x1.c163p-7", "0x1.ab2acp-5")]
+
+
+def test_sbld_profile_is_one_off_work_run_eagerly(tiny_cfg, tmp_path, monkeypatch):
+    """The profile runs between two steps through Trainer.one_off (its seconds in one_off_s, none in the steps'
+    wall; its FLOPs still charged), and its forwards run the compiled blocks' eager code: a compiled run's
+    sensitivities are an eager run's, bit for bit, and today's values."""
+    over = {"train.steps": 40, "sbld.enabled": True, "sbld.profile_batches": 2}
+    sens = {}
+    for compile_ in ("none", "blocks"):
+        torch._dynamo.reset()
+        tr = Trainer(tiny_cfg(**over, **{"train.compile": compile_, "train.compile_backend": "aot_eager"}))
+        for _ in range(9):
+            tr.train_step()
+        sens[compile_] = tr.techniques[0].sensitivity
+        assert tr.techniques[0].profiled_at == [8] and "sbld_profile" in tr.state.one_off
+    torch._dynamo.reset()
+    assert sens["blocks"] == sens["none"] == pytest.approx(SBLD_SENSITIVITY, rel=1e-4, abs=1e-6)
+    # a slow profile (0.5 s more) is outside the run's wall, which the profile's FLOPs still count in
+    profile = REGISTRY["sbld"].profile
+    monkeypatch.setattr(REGISTRY["sbld"], "profile", lambda self, t: (time.sleep(0.5), profile(self, t))[1])
+    cfg = tiny_cfg(**SBLD, **{"train.steps": 4, "train.log_every": 4, "train.eval_every": 0,
+                              "train.checkpoint_every": 0})
+    tr = Trainer(cfg, tmp_path / "run")
+    tr.fit()
+    sb = tr.techniques[0]
+    assert sb.profiled_at == [2] and tr.state.one_off["sbld_profile"] >= 0.5 > tr.state.wall
+    steps = sum(tr.task.micro_flops(p) for p in [Plan.full(4)] * 2)  # 2 steps at the full model before dropping
+    assert tr.state.flops > steps + sb.extra_flops(2, tr.task) > steps
 
 # ----------------------------------------------------------------------------- the your-turn hooks (notebooks 01, 02)
 def _solution(stem: str, name: str):

@@ -15,7 +15,10 @@ specific is OUR reconstruction, marked [ours]:
 1. [ours] Train W steps without dropping (default W = max(2% of T, min(100, T/5))), then profile:
    on K fixed training batches, in eval mode, without gradients,
        s_l = mean_k max(loss_k(block l skipped) - loss_k(full), 0)      averaged over ranks
-   Optional re-profiling every R steps on the same batches.
+   Optional re-profiling every R steps on the same batches. [ours] A profile is one-off work between two
+   steps (`Trainer.one_off`: its seconds go to the run's one_off_s, not to the steps' tokens/s; its FLOPs
+   are charged to the step, `extra_flops`), and its forward passes run eagerly (the `force_eager`
+   stance): with train.compile=blocks, eval mode without gradients would compile graphs of its own.
 2. [ours] Block list = the ceil(beta * L) most sensitive blocks (or all with s_l >= tau * max s);
    ties broken by depth, the lower block counting as more sensitive.
 3. Global keep ratio theta(t), t = steps since profiling: PLD's
@@ -233,7 +236,8 @@ class SensitivityLayerDrop(LayerDropTechnique):
                 plan = Plan.full(L)
                 if skip is not None:
                     plan.blocks[skip].run = False
-                with acc.autocast():
+                # compiled blocks run their eager code: no graph for eval mode without gradients (issue 42)
+                with acc.autocast(), torch.compiler.set_stance("force_eager"):
                     row.append(trainer.task.forward(model, x, y, plan)[1].float())
             rows.append(torch.stack(row))                          # (L+1,)
         losses = torch.stack(rows)                                 # (K, L+1)
@@ -250,7 +254,7 @@ class SensitivityLayerDrop(LayerDropTechnique):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         if self.W == 0 and self.sensitivity is None:
-            self.profile(trainer)
+            trainer.one_off("sbld_profile", lambda: self.profile(trainer))
 
     def preview(self) -> None:
         # equal sensitivities: a keep list with the same budget sum_l p_l = theta(t) L (so the same
@@ -269,8 +273,8 @@ class SensitivityLayerDrop(LayerDropTechnique):
         s, R = trainer.state.step, self.cfg.reprofile_every
         if self._previewing:
             return
-        if s == self.W or (R and s > self.W and (s - self.W) % R == 0):
-            self.profile(trainer)
+        if s == self.W or (R and s > self.W and (s - self.W) % R == 0):  # outside the step's time (module doc, 1)
+            trainer.one_off("sbld_profile", lambda: self.profile(trainer))
 
     def extra_flops(self, step: int, task) -> float:
         """One profile's forward passes: profile_batches x (the full model + each of the L one-block-skipped
