@@ -58,9 +58,8 @@ def test_sl_leaves_evaluation_unchanged(digits_dir):
     plain = Trainer(image_cfg(digits_dir))
     plain.raw_model.load_state_dict(with_sl.raw_model.state_dict())
     sl = next(t for t in with_sl.techniques if t.name == "standardization_loss")
-    seen = []
-    sl.terms = seen                                           # what the hooks record during evaluation
-    assert plain.evaluate() == with_sl.evaluate() and seen == []
+    sl.terms = []                                             # cleared: what the hooks record during evaluation
+    assert plain.evaluate() == with_sl.evaluate() and sl.terms == []
 
 
 def test_sl_loss_fn_routes_every_layer_through_another_function(digits_dir):

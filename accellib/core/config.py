@@ -63,8 +63,10 @@ class TrainConfig:
                       "(the full-scale configs); cpu = the CPU even when CUDA is present",
                       choices=["auto", "cuda", "cpu"], resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0 = leave torch's default", min=0, resume=True)
-    compile: str = opt("none", "none, or blocks = torch.compile each transformer block on its own, so a technique's "
-                       "changing plan (skipped blocks, PLD scales, kept tokens) reuses a few graphs", choices=["none", "blocks"], resume=True)
+    compile: str = opt("none", "none; model = torch.compile the whole model, loss included (fastest, for runs whose "
+                       "block plan never changes); blocks = each transformer block on its own, so a technique's "
+                       "changing plan (skipped blocks, PLD scales, kept tokens) reuses a few graphs",
+                       choices=["none", "model", "blocks"], resume=True)
     compile_backend: str = opt("inductor", "torch.compile backend of train.compile (eager / aot_eager: to debug)",
                                choices=["inductor", "aot_eager", "eager"], resume=True)
     peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "

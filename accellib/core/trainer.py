@@ -117,6 +117,30 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> None:
         model.head_loss_backend = backend
 
 
+def compile_model(model: torch.nn.Module, backend: str = "inductor") -> None:
+    """torch.compile the whole model in place (train.compile=model): embedding, every block, head and loss in one
+    graph for training (and one for evaluation), so Inductor fuses across block boundaries and the host launches
+    one compiled program per step. Only for runs whose block plan never changes (the trainer passes no plan, and
+    refuses the techniques that write one): a changing plan would be part of the compiled program (see
+    compile_blocks). Parameter names stay, so checkpoints and exports do not change."""
+    from ..models.transformer import portable_inductor
+    portable_inductor()
+    model.compile(backend=backend)
+
+
+def check_compile(mode: str, techniques: list) -> None:
+    """train.compile=model compiles one fixed program: refuse, in one line, what changes the step's program each step
+    (a technique that writes the block plan), or runs the model's pieces itself (an engine, a run_step of its own)."""
+    from ..techniques.base import Technique
+    if mode != "model":
+        return
+    bad = [x.name for x in techniques if x.plan_fields or getattr(x, "splits_model", False)
+           or type(x).run_step is not Technique.run_step]
+    if bad:
+        raise ConfigError(f"train.compile=model compiles one fixed program, and {', '.join(bad)} changes the block plan "
+                          "or runs the model's pieces itself; use train.compile=blocks")
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, out_dir: Optional[str | Path] = None, *,
                  data=None, model: Optional[torch.nn.Module] = None,
@@ -146,8 +170,11 @@ class Trainer:
         self.data = self.task.data
         torch.manual_seed(t.seed)  # same init on every rank
         model = model if model is not None else self.task.build_model()
+        check_compile(t.compile, self.techniques)
         if t.compile == "blocks":
             compile_blocks(model, t.compile_backend)
+        elif t.compile == "model":
+            compile_model(model, t.compile_backend)
         # an engine splits the model across processes (accellib/parallel/engine.py): it decides which
         # parameters this process steps; the full model stays here as the replica that is evaluated and saved
         self.engine = next((x for x in self.techniques if getattr(x, "splits_model", False)), None)
@@ -186,6 +213,7 @@ class Trainer:
         # stall the host and leave the GPU idle while Python prepares the next step
         self._window: dict = {}
         self._prefetched = None  # (step, batches) drawn ahead during the previous step
+        self._params = None  # the model's parameters, each once, in order (clip_grad_norm_)
         self._clock: Optional[float] = None  # perf_counter() where the training time runs from (_tick; fit only)
         self.prefetch = self.accelerator.device.type == "cuda"  # one batch ahead, while the GPU still computes
         self.precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
@@ -258,7 +286,8 @@ class Trainer:
         0-d tensor on the device. Nothing here reads a number back to the host: the loss, the gradient
         norm and the task's metrics are summed on the device (see _flush for when they are read)."""
         cfg, st, acc = self.cfg, self.state, self.accelerator
-        self.model.train()
+        if not self.model.training:  # after an evaluation (a walk over every module: not every step)
+            self.model.train()
         self.step_metrics = {}
         batches = self._step_batches(st.step)
         plans = [self.plan(st.step, m) for m in range(len(batches))]
@@ -273,19 +302,22 @@ class Trainer:
                     break
         if losses is None:  # standard gradient accumulation
             losses = []
+            whole = cfg.train.compile == "model"  # its plan is always the full model: none passed (no guard on it)
             for m, ((x, y), plan) in enumerate(zip(batches, plans)):
                 last = m == len(batches) - 1
                 with nullcontext() if last else acc.no_sync(self.model):
-                    loss, total = self.forward_loss(x, y, plan)
-                    acc.backward(total / len(batches))
+                    loss, total = self.forward_loss(x, y, None if whole else plan)
+                    acc.backward(total / len(batches) if len(batches) > 1 else total)  # (x / 1 is x: skipped)
                 losses.append(loss.detach())
-        loss = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=acc.device) for v in losses]).mean()
-        if self.engine is None:
+        # every op below is skipped where it would be an identity (one micro-batch, one process): the same numbers
+        loss = _mean([torch.as_tensor(v, dtype=torch.float32, device=acc.device) for v in losses])
+        reduce = self.engine is None and acc.num_processes > 1
+        if reduce:
             loss = acc.reduce(loss, "mean")  # the same number on every rank (a collective, not a host read)
         metrics = {}
         for k, v in self.step_metrics.items():  # e.g. accuracy: the mean over micro-batches and processes
-            v = torch.stack(v).float().mean()
-            metrics[k] = acc.reduce(v, "mean") if self.engine is None else v
+            v = _mean([t.float() for t in v])
+            metrics[k] = acc.reduce(v, "mean") if reduce else v
         # the pre-clip global gradient norm; max_norm=inf leaves the gradients untouched (no clipping is bitwise none)
         max_norm = cfg.optim.grad_clip or float("inf")
         norm = self.clip_grad_norm_(max_norm) if self.engine is None else self.engine.clip_grad_norm_(max_norm)
@@ -311,11 +343,10 @@ class Trainer:
         st.blocks_run += sum(p.executed() for p in plans)
         st.micro_batches += len(plans)
         self.last_lr = lr
-        for tech in self.techniques:  # inside the timed region: e.g. SBLD's profiling is a real cost
+        for tech in self.techniques:  # one-off work here (SBLD's profile) runs through self.one_off, timed apart
             tech.step_end(self)
-            extra = world * tech.extra_flops(st.step, task)   # ... and in the FLOPs
-            st.flops += extra
-            st.win_flops += extra
+            # ... and charged in the run's FLOPs, not in the log window's (whose MFU is over training time only)
+            st.flops += world * tech.extra_flops(st.step, task)
         if self.prefetch:  # the host draws the next batches while the device works through this step
             self._prefetched = (st.step, self.batches(st.step))
         return loss
@@ -363,8 +394,11 @@ class Trainer:
         acc = self.accelerator
         if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA):
             return acc.clip_grad_norm_(self.model.parameters(), max_norm)
-        acc.unscale_gradients()   # an fp16 GradScaler's scale out first (a no-op otherwise), as Accelerate does
-        params = unique_params([self.model])
+        if acc.scaler is not None:
+            acc.unscale_gradients()   # an fp16 GradScaler's scale out first, as Accelerate does
+        if self._params is None:  # the model's parameters never change during a run: listed once
+            self._params = unique_params([self.model])
+        params = self._params
         total = global_grad_norm(list(enumerate(p.grad for p in params)), len(params), acc.device)
         clip_grads(params, total, max_norm)
         return total
@@ -752,6 +786,11 @@ class Trainer:
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
         return final
+
+
+def _mean(values: list[torch.Tensor]) -> torch.Tensor:
+    """The mean of 0-d tensors; one value is returned as it is (its mean, with no op dispatched)."""
+    return values[0] if len(values) == 1 else torch.stack(values).mean()
 
 
 def _wait_for(device: torch.device) -> None:
