@@ -67,7 +67,7 @@ def part_fp8_table(c) -> dict:
     import fp8_table
     why = fp8_table.fp8_unavailable(c.device)
     if why:
-        raise Skip(why)
+        raise Skip(f"torchao's FP8 recipes cannot run here: {why}")
     shapes = fp8_table.gpt2_small_shapes(c.sc["batch"] * c.sc["seq_len"])
     return dict(rows=fp8_table.measure(c.device, shapes, compile_backend=c.backend))
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check (issue 34): one command on a machine with one NVIDIA GPU, from a bare checkout, within a deadline.
+# The GPU check (issues 34 and 42): one command on a machine with one NVIDIA GPU, from a bare checkout, within a
+# deadline: each technique at fixed schedule points in steady state, each full-scale config's whole-run time
+# predicted from them and checked against a short real run, every target of issue 42 with its measured value.
 #
 #     bash benchmarks/gpu_check.sh                        # <= 7 min; writes results/gpu_check_<gpu>.json
 #     bash benchmarks/gpu_check.sh --deadline 300 --out-dir /scratch/gc
 #     GPU_CHECK_DEADLINE=300 GPU_CHECK_OUT=/scratch/gc bash benchmarks/gpu_check.sh
 #     bash benchmarks/gpu_check.sh --smoke                # the same parts at toy scale on a CPU
 #
-# Every argument goes to benchmarks/gpu_check.py (--help lists them; its docstring says what each part measures).
+# Every argument goes to benchmarks/gpu_check.py (--help lists them; its docstring says what each part measures,
+# benchmarks/gpu/ holds one module per part).
 # The JSON is rewritten after every part, so a job killed at its time limit still leaves what was measured.
 # The Python: $PYTHON, else the machine's python3 (no .venv, nothing installed: the check puts the checkout on
 # sys.path; wheels the image lacks, such as torchao, come from .whl/, see benchmarks/gpu_wheels.sh).

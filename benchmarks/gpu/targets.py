@@ -49,7 +49,8 @@ def measured(rec: dict, key: str):
         counts = [v for v in counts if v is not None]
         return max(counts) if counts else None
     if key == "graphs_timed":
-        return sum(p["graphs"]["timed"] for p in points) if points else None
+        counts = [p["graphs"]["timed"] for p in points if "graphs" in p]
+        return sum(counts) if counts else None
     if key.startswith("prediction:"):
         return (done(f"check:{key.split(':')[1]}") or {}).get("ratio")
     raise KeyError(key)
