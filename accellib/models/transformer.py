@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -158,8 +159,48 @@ def run_block(block: Block, x: torch.Tensor, bp: Optional[BlockPlan]) -> torch.T
         return bp.layer_fn(x, bp.keep, blk)
     # random-LTD: gather kept tokens -> block -> scatter back; the rest pass through unchanged
     idx = bp.keep.unsqueeze(-1).expand(-1, -1, x.size(-1))      # (B, k, C)
-    sub = block(torch.gather(x, 1, idx), bp.scale)               # (B, k, C)
+    kept = torch.gather(x, 1, idx)                               # (B, k, C)
+    strict = _dynamic_kept_length(kept, x.size(1))
+    try:
+        sub = block(kept, bp.scale)                              # (B, k, C)
+    except _ConstraintViolation as e:  # a compiled block specializes k: let it (a few graphs), and say so once
+        if not strict:
+            raise
+        _DYNAMIC_KEPT["strict"] = False
+        import warnings
+        warnings.warn(f"random-LTD: a compiled block cannot take the kept length as one dynamic size "
+                      f"({str(e).splitlines()[0]}); the dropped blocks may compile a few graphs")
+        kept = torch.gather(x, 1, idx)  # a fresh tensor, without the strict mark
+        _dynamic_kept_length(kept, x.size(1))
+        sub = block(kept, bp.scale)
     return x.scatter(1, idx, sub)
+
+
+try:
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError as _ConstraintViolation
+except ImportError:  # pragma: no cover
+    _ConstraintViolation = RuntimeError
+_DYNAMIC_KEPT = {"strict": True}  # False once a compiled block refused the strict mark (run_block's fallback)
+
+
+def _dynamic_kept_length(kept: torch.Tensor, full: int) -> bool:
+    """Mark the kept-token dimension of a gathered (B, k, C) tensor dynamic for a compiled block
+    (train.compile=blocks), in the range [2, full - 1]: the dropped blocks compile one graph with a symbolic k
+    at their first call, whatever length comes first, and no static graph that a second length would
+    recompile; the bound keeps that graph from serving full-length calls, which keep their own static graph
+    (and the SDPA backend random_ltd.attention traced into the dropped blocks' graph stays theirs). Returns
+    True when the mark was strict (torch._dynamo.mark_dynamic, which raises at compile time if the block
+    specializes k; run_block then falls back to maybe_mark_dynamic, which lets it). k = 1 is not marked
+    (dynamo specializes sizes 0 and 1), nor is anything while tracing a larger compiled region, nor in a process
+    that never imported dynamo (nothing is compiled there: an eager run does not pay dynamo's import)."""
+    k = kept.size(1)
+    if k < 2 or full - 1 < k or "torch._dynamo" not in sys.modules or torch.compiler.is_compiling():
+        return False
+    if _DYNAMIC_KEPT["strict"]:
+        torch._dynamo.mark_dynamic(kept, 1, min=2, max=full - 1)
+        return True
+    torch._dynamo.maybe_mark_dynamic(kept, 1)
+    return False
 
 
 class Transformer(nn.Module):

@@ -51,29 +51,63 @@ meta.json declares a pad id is refused in one line at setup, because a dropped b
 tokens attend to pads. `kept_key_mask(pad, keep)` is the piece a padded task would need (the key mask
 of the gathered tokens; DeepSpeed gathers the encoder mask the same way); it is not wired into the
 model (notebook 03, exercise 5).
+
+On a GPU (issue 42's item 3):
+  one draw      update_plan draws the kept indices of every dropping block together: one (L, B, S) score
+                tensor, one topk and one sort (`kept_subsets`), where the per-block loop ran 3 kernels x L per
+                micro-step; DeepSpeed's sampler likewise draws (layers, batch, r) indices in one call
+                (deepspeed/ops/random_ltd/dropping_utils.py, gpt_sample_tokens). On CPU the scores still come from
+                one generator per block (the subsets of every cached CPU result, bitwise); on CUDA from one
+                generator per micro-step (update_plan's docstring). Still the paper's draw: independent uniform
+                subsets per (block, sample) (§3.1).
+  one graph     under train.compile=blocks, run_block marks the gathered (B, r, C) tensor's token dimension
+                dynamic, in the range [2, S - 1], before the compiled block sees it: the dropped blocks compile one
+                dynamic graph at their first call and keep it for every kept length (no static -> dynamic
+                recompile), and the full-length blocks keep their own static graph (tests/test_random_ltd_gpu_path.py).
+  few lengths   a run meets at most (S - r0) / q + 1 distinct kept lengths (q = step_len, r0 = the first multiple
+                of q >= min_len; §3.2's seq_per_step): q is the length bucket. Hypothesis, not measured here
+                (issue 42): a GPU pays a one-off cost per new shape (cuDNN's attention builds an execution plan per
+                shape; 84-290 ms each were derived from the H200 record), so q bounds how often it is paid. On
+                CPU a new length costs nothing measurable (benchmarks/random_ltd.py, results/random_ltd_cpu.json:
+                new_length).
+  attention     random_ltd.attention picks the SDPA backend of the dropped blocks' calls (torch.nn.attention.
+                sdpa_kernel around them, the layer hook included); "auto" (the default) leaves it to PyTorch, as
+                before. A backend that cannot run on the device, at the model's head size and precision, is refused
+                at setup in one line that lists those that can. Under train.compile=blocks the backend is chosen
+                when the dropped blocks' graph is traced, inside that context, and that graph serves no full-length
+                block (the length range above).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..core.options import ConfigError, opt
 from ..data.tokens import generator_for
+from ..models.transformer import BlockPlan, run_block
 from ..core.schedules import WarmupCosine
 from . import register
 from .base import Technique
 
 _TAG = 0x17D  # separates random-LTD's draws from the data sampler's (seed, step, micro) stream
 PAD_KEYS = ("pad_id", "pad_token_id")  # a meta.json that declares one of these holds padded sequences
+# random_ltd.attention -> torch.nn.attention.SDPBackend member ("auto": no choice made, PyTorch's own)
+ATTENTION = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+             "math": "MATH"}
 
 
 @dataclass
 class RandomLTDConfig:
     enabled: bool = opt(False, "drop tokens in the middle blocks (random-LTD)")
     min_len: int = opt(16, "r_min: kept tokens per sample at step 0 (rounded up to a multiple of step_len)", min=1)
-    step_len: int = opt(8, "q: the kept length is a multiple of this (the paper's seq_per_step)", min=1)
+    step_len: int = opt(8, "q: the kept length is a multiple of this (the paper's seq_per_step); it bounds a run's "
+                           "distinct kept lengths to (S - r0)/q + 1, and with them the one-off per-shape costs "
+                           "on a GPU (a hypothesis: cuDNN attention plans one execution per shape)", min=1)
     ramp_steps: int = opt(0, "T_r: optimizer steps for r to grow from min_len to the full length; "
                              "0 = 60% of train.steps (or of budget_steps when set)", min=0, horizon="steps")
     layers: list[int] = opt([], "blocks that drop tokens; [] = the middle blocks 1..n_layer-2")
@@ -84,6 +118,9 @@ class RandomLTDConfig:
     budget_steps: int = opt(0, "stop once LayerTokens reach this many full-length (baseline) steps' "
                                "worth; also the LayerToken LR's decay end. 0 = stop at train.steps", min=0,
                                horizon="steps")
+    attention: str = opt("auto", "SDPA backend of the dropped blocks' attention (torch.nn.attention.sdpa_kernel "
+                                 "around their calls only); auto = PyTorch's choice", choices=["auto", *ATTENTION],
+                     resume=True)
 
     def validate(self) -> None:
         if any((not isinstance(i, int)) or i < 0 for i in self.layers):
@@ -141,6 +178,51 @@ def keep_indices(batch: int, seq_len: int, r: int, generator: torch.Generator) -
     return scores.topk(r, dim=1, largest=False).indices.sort(dim=1).values
 
 
+def kept_subsets(scores: torch.Tensor, r: int) -> torch.Tensor:
+    """(..., S) uniform scores -> (..., r) int64: per row, the positions of the r smallest scores, sorted
+    ascending: a uniform random r-subset per row. One topk and one sort for every row, whatever the leading
+    dimensions (update_plan passes all dropping blocks' (L, B, S) scores at once); each row's result is the
+    one keep_indices gives for that row alone (tests/test_random_ltd_gpu_path.py, ties included)."""
+    return scores.topk(r, dim=-1, largest=False).indices.sort(dim=-1).values
+
+
+def sdpa_backend(name: str):
+    """random_ltd.attention's name -> torch.nn.attention.SDPBackend."""
+    from torch.nn.attention import SDPBackend
+    return getattr(SDPBackend, ATTENTION[name])
+
+
+def attention_runs(name: str, device: torch.device, n_head: int, head_dim: int, causal: bool,
+                   autocast=contextlib.nullcontext) -> bool:
+    """Whether SDPA's `name` backend runs a forward and a backward on `device` at this head size, inside
+    `autocast` (the trainer's precision): a tiny (1, n_head, 8, head_dim) attention, no warning printed."""
+    from torch.nn.attention import sdpa_kernel
+    q, k, v = (torch.randn(1, n_head, 8, head_dim, device=device, requires_grad=True) for _ in range(3))
+    try:
+        with warnings.catch_warnings(), sdpa_kernel(sdpa_backend(name)), autocast():
+            warnings.simplefilter("ignore")  # a refused backend warns why before it raises
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal).float().sum().backward()
+        return True
+    except RuntimeError:
+        return False
+
+
+class UnderBackend:
+    """A layer hook (x, keep, block) -> y that runs `inner` (a RandomLTD.layer_fn; None = run_block's own
+    gather -> block -> scatter) inside sdpa_kernel(backend): random_ltd.attention for the dropped blocks only.
+    The backward uses the backward of the kernel the forward chose."""
+
+    def __init__(self, backend, inner=None):
+        self.backend, self.inner = backend, inner
+
+    def __call__(self, x: torch.Tensor, keep: torch.Tensor, block) -> torch.Tensor:
+        from torch.nn.attention import sdpa_kernel
+        with sdpa_kernel(self.backend):
+            if self.inner is None:
+                return run_block(block, x, BlockPlan(keep=keep))
+            return self.inner(x, keep, block)
+
+
 def kept_key_mask(pad: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Padding mask of the gathered tokens: pad (B, S) bool (True = real token), keep (B, r)
     -> (B, 1, 1, r) bool, broadcastable to SDPA's (B, heads, r, r) attn_mask."""
@@ -175,6 +257,7 @@ class RandomLTD(Technique):
         self.lt_per_step = 0  # set in setup, when the world size is known
         self.world, self.rank = 1, 0  # data-parallel size and index, set in setup
         self.layer_fn = None  # (x, keep, block) -> y instead of run_block's gather/scatter (module docstring)
+        self.backend = None if cfg.attention == "auto" else sdpa_backend(cfg.attention)
 
     def setup(self, trainer) -> None:
         c, m, t, o = self.cfg, self.run_cfg.model, self.run_cfg.train, self.run_cfg.optim
@@ -185,6 +268,14 @@ class RandomLTD(Technique):
             raise ConfigError(f"random_ltd needs packed data without padding, but {self.run_cfg.data.path}/"
                               f"meta.json declares {pad}={trainer.task.data.meta[pad]}: the model has no padding "
                               "mask, so kept tokens would attend to pads; pack the data or disable random_ltd")
+        if c.attention != "auto":  # refused here in one line, not deep inside the first step
+            args = (self.device, m.n_head, m.d_model // m.n_head, m.kind == "gpt", trainer.accelerator.autocast)
+            if not attention_runs(c.attention, *args):
+                ok = [n for n in ATTENTION if attention_runs(n, *args)]
+                raise ConfigError(f"random_ltd.attention={c.attention}: SDPA's {c.attention} backend does not run on "
+                                  f"{self.device.type} here (head size {args[2]}, precision "
+                                  f"{trainer.accelerator.mixed_precision}); backends that run here: auto, "
+                                  f"{', '.join(ok)}")
         # LayerTokens of one full-length optimizer step, all processes
         self.lt_per_step = trainer.accelerator.num_processes * t.grad_accum * t.batch_size * m.seq_len * m.n_layer
         if c.layer_token_lr:
@@ -197,22 +288,36 @@ class RandomLTD(Technique):
         self.lt_per_step = t.grad_accum * t.batch_size * m.seq_len * m.n_layer
 
     def update_plan(self, plan, step: int, micro_step: int) -> None:
-        """Each dropping block's kept indices, drawn on the model's device (no host-to-device copy)
-        from generator_for(seed, step, index, _TAG, layer), index = the global micro-batch index
-        (per_rank) or the micro-step (shared): independent per (step, micro-batch, layer) and rebuilt
-        from those integers on resume, so resuming is exact. On CPU the draws are the CPU generator's;
-        on CUDA they come from the Philox stream, equally uniform subsets but different ones, so a
-        CUDA run and a CPU run of the same seed drop different tokens."""
+        """Each dropping block's kept indices, drawn on the model's device (no host-to-device copy), for all
+        dropping blocks at once: an (L, B, S) score tensor, then one topk and one sort (kept_subsets), as
+        DeepSpeed's sampler draws (layers, batch, r) in one call. index = the global micro-batch index
+        (per_rank) or the micro-step (shared); the draws are rebuilt from integers on resume, so resuming is
+        exact, and are independent per (step, micro-batch, block, sample) (§3.1).
+          CPU   block l's (B, S) scores come from generator_for(seed, step, index, _TAG, l), as when each block
+                was drawn on its own (keep_indices): the same subsets, bit for bit, so every cached CPU result
+                stays valid (tests/test_random_ltd_gpu_path.py checks it against that per-block draw).
+          else  one generator per micro-step, generator_for(seed, step, index, _TAG) on the device (its Philox
+                stream on CUDA), draws the whole (L, B, S) tensor in one kernel: one generator object per
+                micro-step instead of one per block. Equally uniform subsets, but not the CPU's (nor the earlier
+                per-block CUDA draws): a CUDA run and a CPU run of the same seed drop different tokens."""
         r = self.last_r = self.schedule(step)
         S, B = self.run_cfg.model.seq_len, self.run_cfg.train.batch_size
         if r >= S:
             return  # full length: no gather/scatter at all (bitwise the plain model)
         seed = self.run_cfg.train.seed
         index = micro_step * self.world + self.rank if self.cfg.draws == "per_rank" else micro_step
-        for i in self.layers:
-            g = generator_for(seed, step, index, _TAG, i, device=self.device)
-            plan.blocks[i].keep = keep_indices(B, S, r, g)
-            plan.blocks[i].layer_fn = self.layer_fn
+        if self.device.type == "cpu":
+            scores = torch.empty(len(self.layers), B, S)
+            for row, i in zip(scores, self.layers):
+                row.uniform_(generator=generator_for(seed, step, index, _TAG, i))  # = torch.rand(B, S, generator=g)
+        else:
+            g = generator_for(seed, step, index, _TAG, device=self.device)
+            scores = torch.rand(len(self.layers), B, S, generator=g, device=self.device)
+        keep = kept_subsets(scores, r)  # (L, B, r)
+        layer_fn = self.layer_fn if self.backend is None else UnderBackend(self.backend, self.layer_fn)
+        for i, k in zip(self.layers, keep):
+            plan.blocks[i].keep = k
+            plan.blocks[i].layer_fn = layer_fn
 
     def should_stop(self, state) -> bool:
         budget = self.cfg.budget_steps * self.lt_per_step
