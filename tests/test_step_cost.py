@@ -107,3 +107,19 @@ def test_compile_model_refuses_a_technique_that_changes_the_plan(tiny_cfg):
     with pytest.raises(ConfigError, match=r"^train.compile=model compiles one fixed program, and pld changes the "
                                           r"block plan .*; use train.compile=blocks$"):
         Trainer(tiny_cfg(**{"train.compile": "model", "pld.enabled": True}))
+
+
+def test_compile_model_takes_the_standardization_loss_in_its_one_graph(tiny_cfg):
+    """The standardization loss keeps its terms on the model's PreAct markers (set by hooks inside the compiled
+    program), so a whole-model compile traces them: one training graph, and the eager run's losses."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    over = {"train.steps": 8, "train.compile_backend": "aot_eager", "standardization_loss.enabled": True,
+            "model.norm": "none"}
+    tr, plain = Trainer(tiny_cfg(**over, **{"train.compile": "model"})), Trainer(tiny_cfg(**over))
+    for _ in range(8):
+        a, b = tr.train_step(), plain.train_step()
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (float(a), float(b))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch._dynamo.reset()
