@@ -173,9 +173,8 @@ class LayerTokenLR(WarmupCosine):
 def keep_indices(batch: int, seq_len: int, r: int, generator: torch.Generator) -> torch.Tensor:
     """(batch, r) int64: per sample, a uniform random r-subset of range(seq_len), sorted ascending,
     drawn on the generator's device (so indices for a CUDA model never cross from the host)."""
-    # the r positions with the smallest uniform scores form a uniform random subset
-    scores = torch.rand(batch, seq_len, generator=generator, device=generator.device)
-    return scores.topk(r, dim=1, largest=False).indices.sort(dim=1).values
+    # one score per position; kept_subsets keeps the r smallest (a uniform random subset), in position order
+    return kept_subsets(torch.rand(batch, seq_len, generator=generator, device=generator.device), r)
 
 
 def kept_subsets(scores: torch.Tensor, r: int) -> torch.Tensor:
