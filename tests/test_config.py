@@ -98,3 +98,26 @@ def test_train_takes_one_arm_of_a_compare_yaml(tiny_data_dir, tmp_path, capsys):
     (tmp_path / "broken.yaml").write_text("model: [\n")   # before: a yaml.ParserError traceback
     assert main(["--config", str(tmp_path / "broken.yaml"), "--out", str(tmp_path / "r4")]) == 2
     assert "broken.yaml is not valid YAML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("model:\n  d_model: 32\n  n_layer: 2\n  d_model: 64\n", "model.d_model", (2, 4)),   # before: d_model 64
+    ("model:\n  n_layer: 2\ntrain:\n  steps: 3\nmodel:\n  d_model: 64\n", "model", (1, 5)),  # before: n_layer lost
+    ("arms:\n  - name: a\n    overrides: [x]\n    name: b\n", "arms[0].name", (2, 4)),
+])
+def test_a_duplicate_yaml_key_is_refused_in_one_line(tmp_path, text, key, lines):
+    # issue 43: PyYAML keeps the second value of a key written twice without a word
+    from accellib.core.config import read_yaml
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        read_yaml(p)
+    msg = str(e.value)
+    assert f"{p}: the key {key} is written twice (lines {lines[0]} and {lines[1]})" in msg and "\n" not in msg
+
+
+def test_yaml_merges_and_aliases_are_not_duplicates(tmp_path):
+    from accellib.core.config import read_yaml
+    p = tmp_path / "c.yaml"
+    p.write_text("base: &b\n  steps: 3\ntrain:\n  <<: *b\n  log_every: 1\nother: *b\n")
+    assert read_yaml(p) == {"base": {"steps": 3}, "train": {"steps": 3, "log_every": 1}, "other": {"steps": 3}}

@@ -241,13 +241,56 @@ def parse_overrides(args: list[str]) -> dict:
     return out
 
 
+class DuplicateKey(Exception):
+    """A mapping of a YAML document writes a key twice: (dotted key, first line, second line)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last value without a word,
+    so `lr: 1e-3` ... `lr: 3e-4` trained at the second); `<<` merges are not duplicates."""
+
+    def construct_document(self, node):
+        self._check(node, "", set())
+        return super().construct_document(node)
+
+    def _check(self, node, path: str, seen: set) -> None:
+        if id(node) in seen:  # an alias met again
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    key = f"{path}.{k.value}" if path else k.value
+                    if (k.tag, k.value) in first:
+                        raise DuplicateKey(key, first[(k.tag, k.value)], k.start_mark.line + 1)
+                    first[(k.tag, k.value)] = k.start_mark.line + 1
+                    self._check(v, key, seen)
+                else:
+                    self._check(v, path, seen)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self._check(v, f"{path}[{i}]", seen)
+
+
+def load_yaml(text: str, source: str = "the YAML"):
+    """yaml.safe_load that refuses a duplicate key in one line (ConfigError naming `source`, the key, both lines)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKey as e:
+        key, a, b = e.args
+        raise ConfigError(f"{source}: the key {key} is written twice (lines {a} and {b}); keep one of them "
+                          "(YAML would silently take the second)") from None
+
+
 def read_yaml(path: str | Path):
-    """A config file's YAML (None for an empty file), or a one-line ConfigError if it is missing or invalid."""
+    """A config file's YAML (None for an empty file), or a one-line ConfigError if it is missing, invalid or writes
+    a key twice."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} not found; see configs/ for the shipped ones")
     try:
-        return yaml.safe_load(p.read_text())
+        return load_yaml(p.read_text(), str(p))
     except yaml.YAMLError as e:
         raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
 
