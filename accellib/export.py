@@ -45,6 +45,7 @@ from .models.hf_gpt2 import (ExportError, _transformers, check_exportable, gpt2_
 from .models.transformer import ModelConfig, Transformer
 from .data import atomic_folder
 from .core.run_dir import EXPORT_FILES, checkpoint_folder, checkpoint_layout, checkpoint_state
+from .core.checkpoint_shapes import mismatch_line, read_model_state as model_state_dict  # (its old name, here)
 
 FILES = EXPORT_FILES  # what an export folder holds (run_dir knows them: an --overwrite of the run keeps anything else)
 MAX_LOGIT_DIFF = 1e-4  # an export whose logits differ more from accellib's is not written
@@ -55,7 +56,8 @@ MAX_LOGIT_DIFF = 1e-4  # an export whose logits differ more from accellib's is n
 
 def run_weights(run_dir: Path) -> tuple[object, dict, int]:
     """(run config, the model's state dict, its step) of a run folder: the last checkpoint, or a finished
-    V-cycle's final (level-0) model."""
+    V-cycle's final (level-0) model. A checkpoint that does not fit config.yaml's model is refused in one line
+    naming what differs (accellib.core.checkpoint_shapes)."""
     if not (run_dir / "config.yaml").is_file():
         raise ExportError(f"{run_dir} has no config.yaml; give a run folder written by accellib.train")
     try:
@@ -82,27 +84,12 @@ def run_weights(run_dir: Path) -> tuple[object, dict, int]:
         raise ExportError(f"{f} cannot be read ({type(e).__name__}); restore it or train the run again") from None
     if step is None:
         step = checkpoint_state(f.parent).get("step")
+    with torch.device("meta"):  # the config's shapes, nothing allocated
+        why = mismatch_line(sd, Transformer(cfg.model), cfg.model)
+    if why is not None:  # before: torch's size-mismatch traceback, one line per parameter
+        raise ExportError(f"{f} does not fit {run_dir / 'config.yaml'}: {why}; put back the config.yaml the "
+                          "checkpoint was trained with, or use the run it came from")
     return cfg, {k: v.float() for k, v in sd.items()}, step
-
-
-def model_state_dict(f: Path) -> dict:
-    """The plain model's state dict (the keys of Transformer.state_dict()) from a checkpoint's model file
-    (accellib.core.run_dir.checkpoint_layout): a data-parallel launch's model.safetensors / pytorch_model.bin, an FSDP
-    launch's pytorch_model_fsdp.bin (FULL_STATE_DICT), or its pytorch_model_fsdp_0/ folder of per-process shards
-    (SHARDED_STATE_DICT, torch.distributed.checkpoint), merged here in one process without a process group."""
-    f = Path(f)
-    if f.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        return load_file(f)
-    if f.is_dir():
-        import tempfile
-
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(f, Path(tmp) / "model.pt")
-            sd = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=True)
-        return sd["model"]  # Accelerate saves {"model": state_dict}
-    return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def lowp_note(cfg) -> tuple[dict | None, str | None]:
