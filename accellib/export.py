@@ -18,7 +18,9 @@ What maps one-to-one (parameter names follow GPT-2, see accellib/models/transfor
 
 What is refused, in one line (`ExportError`), rather than exported to a model that computes something
 else: masked-LM runs (`kind=mlm`: bidirectional attention, no GPT-2 equivalent), image models, and
-transformers without LayerNorm (`norm=none`, the standardization-loss variant).
+transformers without LayerNorm (`norm=none`, the standardization-loss variant); and a checkpoint that does not
+fit the run's config.yaml (edited after training, or another run's checkpoint copied in): the line names the model
+fields and parameter shapes that differ (accellib.core.checkpoint_shapes).
 
 What a GPT-2 folder cannot carry is said, one line each, on the command's output and in the provenance
 file (accellib_export.json: run, step, data folder, tokenizer, `lowp_dropped`, `notes`): a low-precision
