@@ -1,6 +1,8 @@
-"""Which parameters of a checkpoint do not fit a model, in one line (issue 43): what `export`, `evaluate` and
-`--resume` say when a run's checkpoint comes from another config (config.yaml edited after training, or another
-run's checkpoint copied in), in place of torch's `size mismatch` traceback of one line per parameter.
+"""Which parameters of a checkpoint do not fit a model, said in one line.
+
+What `export`, `evaluate` and `--resume` say (issue 43) when a run's checkpoint comes from another config
+(config.yaml edited after training, or another run's checkpoint copied in), in place of torch's `size mismatch`
+traceback of one line per parameter.
 
     mismatch_line(sd, model, model_cfg)      # None when every key and shape fits, else the one line
     checkpoint_mismatch(folder, model, cfg)  # the same for a checkpoint folder's model file (None if unreadable)
