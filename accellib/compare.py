@@ -37,8 +37,8 @@ from .core.config import RunConfig, load_config
 from .core.tasks import make_task
 from .core.records import read_metrics, read_record, write_json
 from .core.launch import process_state
-from .core.run_dir import (LOCK, file_lock, has_checkpoint, holds_run, is_comparison, is_cwd, main_decides, make_folder,
-                            write_marker)
+from .core.run_dir import (LOCK, check_out, file_lock, has_checkpoint, holds_run, is_comparison, is_cwd, main_decides,
+                            make_folder, note_written, write_marker)
 from .analysis.stats import Paired, mean_sd, to_target
 from .train import USER_ERRORS, report, training_function
 
@@ -77,7 +77,7 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
                           "without --resume")
     if held and not (resume or overwrite):
         raise ConfigError(f"{out} already holds arm(s) {', '.join(held)}; continue the comparison with --resume, "
-                          "or replace them with --overwrite (or choose another --out)")
+                          "or choose another --out")
     states = {}
     for name, cfg in cfgs.items():
         d = out / name
@@ -89,9 +89,12 @@ def arm_states(out: Path, cfgs: dict[str, RunConfig], resume: bool, overwrite: b
             stored = _stored_config(d / "config.yaml")
             if stored is not None and (diff := _first_difference(stored, cfg.to_dict())):
                 raise ConfigError(f"arm {name} in {out} was trained with another config ({diff}); "
-                                  "use the same config and overrides to resume, or --overwrite")
+                                  "use the same config and overrides to resume, or choose another --out")
             states[name] = ("done" if (d / "record.json").is_file() else
                             "resume" if has_checkpoint(d) else "replace")  # no checkpoint: start it again
+    for name, state in states.items():  # every arm's folder is checked before any arm is trained or deleted
+        if state != "done":
+            check_out(out / name, resume=state == "resume", overwrite=state == "replace", arm=name)
     return states
 
 
@@ -117,7 +120,7 @@ def check_budget(out: Path, budget: str, seeds: int, overwrite: bool) -> None:
     if (now.get("budget"), now.get("seeds")) != (budget, seeds) and held:
         raise ConfigError(f"{out} holds runs ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) compared with "
                           f"--budget {now.get('budget')} --seeds {now.get('seeds')}; add arms with the same, "
-                          "or replace the comparison with --overwrite (or choose another --out)")
+                          "or choose another --out")
 
 
 def check_arm_names(arms: list[str] | None) -> None:
@@ -191,8 +194,9 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
     if err:
         raise ConfigError(err)
     if ps.is_main_process:  # merged with what other invocations (e.g. `--arms pld`, in parallel) stored
-        write_marker(out, "comparison")
         with file_lock(out / ".budget.lock"):
+            write_marker(out, "comparison")  # with the record of what a comparison writes (the arms: runs of their own)
+            note_written(out, ["budget.json", ".budget.lock", "summary.json", "compare.png"], runs=list(runs))
             now = json.loads(bfile.read_text()) if bfile.is_file() else {}
             if (now.get("budget"), now.get("seeds")) == (budget, seeds):
                 for k, p in plan["per_seed"].items():
@@ -206,7 +210,7 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
             results[name] = read_record(d)["final"]
             print(f"{name}: finished before, kept", flush=True)
         else:
-            results[name] = training_function(cfg, d, resume=state == "resume", overwrite=state == "replace")
+            results[name] = training_function(cfg, d, resume=state == "resume", overwrite=state == "replace", arm=name)
     return results
 
 

@@ -8,7 +8,9 @@
     torchrun --nproc_per_node 2 -m accellib.train ...
     python -m accellib.train --help          (every option with its default)
 
-Writes to --out: config.yaml, metrics.jsonl, checkpoints/last/, record.json, loss.png.
+Writes to --out: config.yaml, metrics.jsonl, checkpoints/last/, record.json, loss.png, and .accellib.json (with
+its copy .accellib.copy.json), the record of every path it wrote there: --overwrite deletes those and nothing else.
+    python -m accellib.train --adopt RUN_DIR   (a run written before accellib kept that record: all of it becomes accellib's)
 """
 from __future__ import annotations
 
@@ -22,18 +24,20 @@ from .core.options import ConfigError
 from .core.config import RunConfig, changed_options, help_text, load_config, read_yaml
 from .data.tokens import DataError
 from .core.launch import LaunchError, fsdp_requested, process_state, tell_elastic_launcher
-from .core.run_dir import check_out, clear_run, holds_run, lock_run, main_decides, unlock_run, write_marker
+from .core.run_dir import (adopt_run, check_out, clear_run, fall_back, holds_run, lock_run, main_decides, note_checkpoint,
+                            note_new, note_written, snapshot, unlock_run, write_marker)
 from .models.transformer import num_params
 from .core.trainer import Trainer, TrainingError
 
 USER_ERRORS = (ConfigError, DataError, LaunchError, TrainingError)
 
 
-def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> dict:
+def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, overwrite: bool = False,
+                      arm: str | None = None) -> dict:
     """Train `cfg` into `out` (the same function serves the CLI, `accelerate launch` and
     `notebook_launcher`); returns the final metrics on every process. Everything that can refuse
     the run (launch, config, data, techniques, the V-cycle's stage plan, the run folder) is checked
-    before `overwrite` deletes anything."""
+    before `overwrite` deletes anything. `arm`: the run is this arm of the comparison that calls it."""
     from .analysis.plotting import plot_val_curves, save_fig, set_style
     from .core.records import read_metrics, write_record
 
@@ -58,19 +62,23 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
 
     def decide():  # on the main process: take the folder first, so no other command can change it meanwhile
         if err := lock_run(out):
-            return err
+            return err, None
         try:
-            check_out(out, resume, overwrite)
+            check_out(out, resume, overwrite, arm)
+            if overwrite and holds_run(out):
+                clear_run(out)
         except ConfigError as e:
             unlock_run(out)
-            return str(e)
-        if overwrite and holds_run(out):
-            clear_run(out)
-        write_marker(out, "run")  # the folder is accellib's run (a resume's options go there once it is accepted)
-        return None
-    err = main_decides(decide)
+            return str(e), None
+        write_marker(out, "run", **(dict(arm=arm) if arm else {}))  # the folder is accellib's run
+        return None, fall_back(out) if resume else None  # a damaged checkpoints/last: the newest intact kept one
+    err, note = main_decides(decide)
     if err:
         raise ConfigError(err)
+    is_main = process_state(cfg.train.device).is_main_process
+    if is_main and note:
+        print(note, flush=True)
+    tracked = snapshot(out, "tensorboard") if is_main else set()  # what the TensorBoard tracker adds is accellib's
     try:
         if vcycle:
             return run_vcycle(cfg, out, resume=resume, data=data)
@@ -79,6 +87,7 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
             resumes = dict(resumes=trainer.state.resumes) if trainer.state.resumes else {}  # what each resume changed
             if trainer.state.one_off:  # seconds of one-off work timed apart from training (Trainer.one_off)
                 resumes["one_off_s"] = {k: round(v, 4) for k, v in trainer.state.one_off.items()}
+            note_written(out, ["record.json", "loss.png"])
             write_record(out, cfg.to_dict(), final, trainer.accelerator, params=num_params(trainer.raw_model),
                          distributed=trainer.distributed(), **resumes)
             set_style()
@@ -86,13 +95,17 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
         trainer.accelerator.wait_for_everyone()
         return final
     finally:
-        if process_state(cfg.train.device).is_main_process:
+        if is_main:
+            if not vcycle:  # (Trainer.save records each checkpoint it writes; the last one also here, once)
+                note_checkpoint(out, out / "checkpoints" / "last")
+            note_new(out, "tensorboard", tracked)
             unlock_run(out)
 
 
 def kept_options(run_dir: Path) -> dict:
-    """The options the run's last resume set ({"optim.lr": 0.001}): from its marker, or, for a run resumed before
-    the marker kept them, from the last entry of `resumes` in its checkpoint's training state."""
+    """The options the run's last resume set ({"optim.lr": 0.001}): from its record (the marker, or its copy when the
+    marker is damaged), or, for a run resumed before the record kept them, from the last entry of `resumes` in its
+    checkpoint's training state."""
     from .core.run_dir import checkpoint_folder, checkpoint_state, read_marker
     mark = read_marker(run_dir)
     if isinstance(mark.get("resume"), dict):
@@ -184,10 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the run in --out (after the config and data are checked)")
+    ap.add_argument("--adopt", metavar="RUN_DIR",
+                    help="make a run written before accellib recorded what it writes (no .accellib.json) accellib's: "
+                         "all of RUN_DIR is then recorded as accellib's, so --resume continues it and --overwrite "
+                         "deletes all of it")
     ap.add_argument("--arm", help="with a compare YAML (one with `arms:`, e.g. configs/tutorial.yaml): train this "
                                   "arm (default: its baseline)")
     args, overrides = ap.parse_known_args(argv)
     try:
+        if args.adopt:
+            print(adopt_run(Path(args.adopt)))
+            return 0
         if args.resume:
             if args.overwrite or args.config:
                 raise ConfigError("--resume continues a run with its own config; drop --config/--overwrite")

@@ -395,12 +395,19 @@ def test_overwrite_keeps_what_accellib_did_not_write_in_a_run(tiny_cfg, tmp_path
     assert read_metrics(run)[-1]["step"] == 3 and (run / "notes.txt").read_text() == "mine too"
 
 
-def test_a_run_written_before_the_marker_is_still_a_run(tiny_cfg, tmp_path, capsys):
-    from accellib.core.run_dir import MARKER, holds_run
+def test_a_run_written_before_the_marker_is_adopted_not_guessed(tiny_cfg, tmp_path, capsys):
+    # issue 43: a folder without accellib's record is never taken for a run by its file names (the user's config.yaml
+    # and metrics.jsonl were); a run written before records existed is adopted with one command, then resumes
+    from accellib.core.run_dir import COPY, MARKER, holds_run
     run = tmp_path / "run"
     training_function(tiny_cfg(**{"train.steps": 2}), run)
     (run / MARKER).unlink()
-    assert holds_run(run)
+    (run / COPY).unlink()
+    assert not holds_run(run)
+    assert main(["--resume", str(run), "--train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no run to resume" in err and f"python -m accellib.train --adopt {run}" in err and err.count("\n") == 1
+    assert main(["--adopt", str(run)]) == 0 and holds_run(run)
     assert main(["--resume", str(run), "--train.steps=3"]) == 0 and (run / MARKER).is_file()
 
 

@@ -48,7 +48,7 @@ from ..core.config import RunConfig, changed_options
 from ..core.launch import distributed_setup, fsdp_requested, make_accelerator, process_state
 from ..core.options import ConfigError
 from ..core.records import read_metrics, write_json, write_record
-from ..core.run_dir import checkpoint_folder, main_decides, write_marker
+from ..core.run_dir import checkpoint_folder, fall_back, main_decides, note_checkpoint, note_written, write_marker
 from ..core.tasks import is_image_kind, make_task
 from ..core.trainer import Trainer
 from ..models.transformer import ModelConfig, num_params
@@ -145,7 +145,7 @@ def _start_or_resume(out: Path, stages: list[Stage], resume: bool) -> tuple[Opti
     p = out / "vcycle.json"
     if not resume:
         if p.exists():
-            return f"{out} already holds a V-cycle run; continue it with --resume, or replace it with --overwrite", {}
+            return f"{out} already holds a V-cycle run; continue it with --resume, or choose another --out", {}
         return None, {}
     if not p.exists():
         return f"{out} has no vcycle.json to resume; start a new run without --resume", {}
@@ -226,6 +226,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
         if not resume:
             print(describe(cfg, ps.num_processes))
         out.mkdir(parents=True, exist_ok=True)
+        note_written(out, ["config.yaml", "vcycle.json", "metrics.jsonl", "metrics.jsonl.tmp", "record.json"],
+                     runs=[f"stage_{st.index}" for st in stages])  # each stage a run folder with its own record
         if not resume:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         else:  # the options this resume sets, which the next plain --resume keeps (accellib/train.py resume_config)
@@ -245,6 +247,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
             final = progress["done"][key]
             carry = {k: final[k] for k in carry}
             continue
+        if (note := main_decides(lambda: fall_back(sdir) if sdir.is_dir() else None)) and ps.is_main_process:
+            print(note, flush=True)                               # a damaged last: the newest intact kept one
         started = checkpoint_folder(sdir) is not None
         map_s = 0.0
         build = make_task(stage_config(cfg, st), data).build_model
@@ -276,6 +280,8 @@ def run_vcycle(cfg: RunConfig, out: str | Path, resume: bool = False, data=None)
         cache[st.index] = sd
         tr.accelerator.wait_for_everyone()
         if ps.is_main_process:                                     # weights first, then mark done
+            note_checkpoint(sdir, sdir / "checkpoints" / "last")   # (Trainer.save records each one; once more here)
+            note_written(sdir, ["final_model.pt", "final_model.pt.tmp"])
             tmp = sdir / "final_model.pt.tmp"
             torch.save(sd, tmp)
             os.replace(tmp, sdir / "final_model.pt")
