@@ -289,3 +289,20 @@ def test_overwrite_keeps_every_user_file_on_random_trees(tmp_path, monkeypatch, 
         outcomes.append(refuse)
         shutil.rmtree(root)
     assert 20 < sum(outcomes) < 80  # both outcomes well exercised
+
+
+def test_kept_checkpoints_are_recorded_when_saved(tiny_cfg, tmp_path, capsys):
+    # every checkpoint Trainer.save writes is recorded before its renames (.tmp -> last -> step_<k> or .old), so
+    # --overwrite deletes the kept ones too, also after a kill between two renames
+    import inspect
+    if "note_checkpoint" not in inspect.getsource(Trainer.save):
+        pytest.skip("Trainer.save does not call run_dir.note_checkpoint yet (issue 43: the lead adds that line)")
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 8, "train.checkpoint_every": 2, "train.keep_checkpoints": 3}), run)
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["last", "step_4", "step_6"]
+    (ck / "last").rename(ck / ".old")                                 # as if killed between the two renames
+    assert plan_clear(run)[1] == []
+    argv = ["--config", str(run / "config.yaml"), "--out", str(run), "--overwrite", "--train.steps=2"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in ck.iterdir()) == ["last"]
