@@ -159,28 +159,34 @@ def run_block(block: Block, x: torch.Tensor, bp: Optional[BlockPlan]) -> torch.T
         return bp.layer_fn(x, bp.keep, blk)
     # random-LTD: gather kept tokens -> block -> scatter back; the rest pass through unchanged
     idx = bp.keep.unsqueeze(-1).expand(-1, -1, x.size(-1))      # (B, k, C)
-    kept = torch.gather(x, 1, idx)                               # (B, k, C)
-    strict = _dynamic_kept_length(kept, x.size(1))
+    sub = block_on_kept(block, torch.gather(x, 1, idx), bp.scale, x.size(1))   # (B, k, C)
+    return x.scatter(1, idx, sub)
+
+
+def block_on_kept(block: Block, kept: torch.Tensor, scale: float, full: int) -> torch.Tensor:
+    """block(kept, scale) on gathered tokens (B, k, C) of a length-`full` sequence, with k marked dynamic for a
+    compiled block (_dynamic_kept_length). If a compiled block specializes k after all, the strict mark is dropped
+    for the rest of the process (a few graphs instead of one), said once in a warning."""
+    strict = _dynamic_kept_length(kept, full)
     try:
-        sub = block(kept, bp.scale)                              # (B, k, C)
-    except _ConstraintViolation as e:  # a compiled block specializes k: let it (a few graphs), and say so once
+        return block(kept, scale)
+    except _ConstraintViolation as e:
         if not strict:
             raise
         _DYNAMIC_KEPT["strict"] = False
         import warnings
         warnings.warn(f"random-LTD: a compiled block cannot take the kept length as one dynamic size "
                       f"({str(e).splitlines()[0]}); the dropped blocks may compile a few graphs")
-        kept = torch.gather(x, 1, idx)  # a fresh tensor, without the strict mark
-        _dynamic_kept_length(kept, x.size(1))
-        sub = block(kept, bp.scale)
-    return x.scatter(1, idx, sub)
+        kept = kept.clone()  # a fresh tensor, without the strict mark
+        _dynamic_kept_length(kept, full)
+        return block(kept, scale)
 
 
 try:
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError as _ConstraintViolation
 except ImportError:  # pragma: no cover
     _ConstraintViolation = RuntimeError
-_DYNAMIC_KEPT = {"strict": True}  # False once a compiled block refused the strict mark (run_block's fallback)
+_DYNAMIC_KEPT = {"strict": True}  # False once a compiled block refused the strict mark (block_on_kept.s fallback)
 
 
 def _dynamic_kept_length(kept: torch.Tensor, full: int) -> bool:
