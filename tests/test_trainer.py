@@ -127,13 +127,16 @@ def test_a_diverging_loss_is_flagged_at_log_steps(tiny_cfg, tmp_path, capsys):
     assert calm["step"] == 8 and not any("warning" in r for r in read_metrics(tmp_path / "calm"))
 
 
-def test_stop_on_divergence_stops_at_the_first_flagged_log_step(tiny_cfg, tmp_path):
+def test_stop_on_divergence_stops_once_validation_stays_diverged(tiny_cfg, tmp_path):
+    # issue 43 item 2: a flagged window and one evaluation over 1 nat above the best used to stop the run at once (step
+    # 2 here); now validation must stay that high for Trainer.divergence_window (10) steps, evaluated at every log step
     with pytest.raises(TrainingError, match="diverged") as e:
-        training_function(tiny_cfg(**DIVERGE, **{"train.stop_on_divergence": True}), tmp_path / "run")
-    assert "\n" not in str(e.value)
+        training_function(tiny_cfg(**{**DIVERGE, "train.steps": 20, "train.stop_on_divergence": True}),
+                          tmp_path / "run")
+    assert "\n" not in str(e.value) and "as at every evaluation since step 2" in str(e.value)
     recs = read_metrics(tmp_path / "run")
-    assert "warning" in recs[-1] and not any("warning" in r for r in recs[:-1])   # the flagged line is kept
-    assert recs[-1]["val_loss"] > recs[-1]["train_loss"] - 5   # validation was asked at the flagged step
+    assert [r["step"] for r in recs] == list(range(1, 13))                       # stopped at step 2 + 10
+    assert all("warning" in r and "val_loss" in r for r in recs[1:])            # validation asked at each log step
 
 
 def _advice(err: str) -> list[str]:

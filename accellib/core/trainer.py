@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import time
+import zipfile
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -30,13 +32,42 @@ from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import distributed_setup, fsdp_requested, make_accelerator, tracking_kwargs
 from ..models.transformer import Plan
 from .run_dir import (check_shared_run_dir, checkpoint_folder, checkpoint_layout, checkpoint_state, kept_checkpoints,
-                      write_marker)
+                      unreadable_advice, write_marker)
 from .schedules import WarmupCosine
 from .tasks import make_task
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss became NaN); the message says what to change."""
+
+
+class _Rewind(Exception):
+    """A confirmed divergence that fit's loop answers by going back to the last good checkpoint (Trainer._rewind)."""
+
+
+def command(*args) -> str:
+    """The command line `python -m accellib.train ARGS`, quoted so that it pastes into a shell as it is (a path with a
+    space stays one argument)."""
+    return shlex.join(["python", "-m", "accellib.train", *map(str, args)])
+
+
+def damaged_files(folder: Path, rank: int = 0) -> list[str]:
+    """What is wrong with the files of the checkpoint folder `folder` that this process (`rank`) reads, found without
+    loading them: an empty file, a torch file that is not a whole archive (cut short, or overwritten: torch.save
+    writes a zip whose directory is at its end), and a missing random_states_<rank>.pkl (Accelerate's load_state
+    would skip an unreadable one without a word, and the resumed run would draw other random numbers); [] if none."""
+    bad = []
+    for p in sorted(Path(folder).rglob("*")):
+        if not p.is_file():
+            continue
+        name = p.relative_to(folder).as_posix()
+        if p.stat().st_size == 0:
+            bad.append(f"{name} is empty (0 bytes)")
+        elif p.suffix in (".bin", ".pkl", ".pt") and not zipfile.is_zipfile(p):
+            bad.append(f"{name} is cut short or overwritten (not a whole torch file)")
+    if not (Path(folder) / f"random_states_{rank}.pkl").exists():
+        bad.append(f"random_states_{rank}.pkl is missing")
+    return bad
 
 
 @dataclass
@@ -65,6 +96,13 @@ class TrainState:
     best_loss: float = math.inf  # the lowest logged training loss (window mean): divergence is judged against it
     best_val: float = math.inf   # the lowest validation loss so far: a divergence is confirmed against it
     flagged_since: int = -1      # first step of the open run of flagged log windows (-1: the last one was not flagged)
+    # step of the first of the open run of evaluations over 1 nat above best_val (-1: the last one was not): with
+    # train.stop_on_divergence the run is diverged once it stays so for Trainer.divergence_window steps
+    doubt_since: int = -1
+    # what the divergence guard did (Trainer._rewind), as [{"step": c, "at": s, "skipped": n, "flops": f, "why": ...}]:
+    # at step s it went back to the checkpoint of step c (giving up f FLOPs of training) and skipped the n batches
+    # that followed it (step t >= c reads the batches of step t + n), so a resume reproduces the skips
+    rewinds: list = field(default_factory=list)
     # seconds of one-off work done between steps outside the training clock (Trainer.one_off), by name, e.g.
     # {"sbld_profile": 0.8}: charged in FLOPs like any step's work, timed apart so steady-state tok/s stays clean
     one_off: dict = field(default_factory=dict)
@@ -222,6 +260,10 @@ class Trainer:
         self._eval = None
         self._last_eval: Optional[tuple[int, dict]] = None  # (step, metrics) of the latest evaluation
         self.step_metrics: dict[str, list] = {}  # the task's train metrics of the current step's micro-batches
+        # the divergence guard (train.stop_on_divergence; _val_diverged, _rewind): validation over 1 nat above its best
+        # for this many steps is a divergence, and a run goes back to its last good checkpoint at most this many times
+        self.divergence_window, self.divergence_rewinds = 10, 3
+        self._fitting = False  # inside fit's loop, where a divergence may rewind (_diverged)
         for tech in self.techniques:
             tech.setup(self)
 
@@ -243,8 +285,9 @@ class Trainer:
         micro-batch m * world + r, drawn from (seed, step, that index): so 2 processes x 1
         micro-batch see exactly the data of 1 process x 2 micro-batches."""
         out, (world, rank), dev = [], self.dp, self.accelerator.device
+        step += self.data_offset + sum(r["skipped"] for r in self.state.rewinds)  # batches skipped by a rewind
         for m in range(self.cfg.train.grad_accum):
-            x, y = self.task.batch(step + self.data_offset, m * world + rank)
+            x, y = self.task.batch(step, m * world + rank)
             if dev.type == "cuda":  # page-locked host memory: the copy runs asynchronously, beside compute
                 x, y = x.pin_memory(), y.pin_memory()
             out.append((x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)))
@@ -444,23 +487,55 @@ class Trainer:
         return self._eval
 
     def _diverged(self, what: str) -> None:
-        """Stop a diverged run (non-finite numbers, or with train.stop_on_divergence a divergence confirmed by
-        validation), saying truly what is on disk and how to go on from it."""
+        """A confirmed divergence (non-finite numbers, or with train.stop_on_divergence validation that stayed high, see
+        _val_diverged). With train.stop_on_divergence, while the run has a checkpoint and rewinds left, it goes on from
+        that checkpoint (_rewind); otherwise it stops, saying truly what is on disk and the command that goes on."""
         st, o, t = self.state, self.cfg.optim, self.cfg.train
+        if (t.stop_on_divergence and self._fitting and self.saved_step is not None
+                and len(st.rewinds) < self.divergence_rewinds):
+            raise _Rewind(what)
         lr = f"{self.calmer_lr():.3g}"
         if self.saved_step is None:
-            how = (f"no checkpoint had been written; start again with a lower optim.lr (now {o.lr}): python -m "
-                   f"accellib.train --config {self.out / 'config.yaml'} --out {self.out} --overwrite --optim.lr={lr}"
+            how = (f"no checkpoint had been written; start again with a lower optim.lr (now {o.lr}): "
+                   + command("--config", self.out / "config.yaml", "--out", self.out, "--overwrite", f"--optim.lr={lr}")
                    if self.out is not None else f"no checkpoint had been written; lower optim.lr (now {o.lr}) to {lr}")
         else:
             when = ("saved before the loss was first flagged, and checked on validation" if t.stop_on_divergence else
                     f"saved after the loss was first flagged at step {st.flagged_since}, so it may be diverged too"
                     if 0 <= st.flagged_since <= self.saved_step else "saved before the loss was flagged")
-            how = (f"the last good checkpoint (step {self.saved_step}) is kept in {self.checkpoint_dir() / 'last'} "
-                   f"({when}); continue from it with a lower optim.lr (now {o.lr}): "
-                   f"python -m accellib.train --resume {self.out} --optim.lr={lr}")
+            tried = (f"{len(st.rewinds)} rewind(s) to a checkpoint, skipping {sum(r['skipped'] for r in st.rewinds)} "
+                     "batches in all, did not keep it from diverging; " if st.rewinds else "")
+            how = (f"{tried}the last good checkpoint (step {self.saved_step}) is kept in "
+                   f"{self.checkpoint_dir() / 'last'} ({when}); continue from it with a lower optim.lr (now {o.lr}): "
+                   + command("--resume", self.out, f"--optim.lr={lr}"))
         raise TrainingError(f"{what}; {how} (or raise optim.warmup_steps, now {o.warmup_steps}, or clip with "
                             f"optim.grad_clip, now {o.grad_clip})")
+
+    def _rewind(self, why: str) -> None:
+        """Go on from a confirmed divergence as large runs do: back to the last good checkpoint (under
+        train.stop_on_divergence one is written only while nothing is flagged or in doubt, after its validation check),
+        skipping the batches that followed it, up to the step where the divergence was confirmed. PaLM (Chowdhery et
+        al. 2022, section 5.1) restarted from a checkpoint about 100 steps before each loss spike and skipped about
+        200-500 batches, and the spike did not come back; OPT (Zhang et al. 2022, section 2.5) restarted from an
+        earlier checkpoint with a lower LR, which is what the stop after the last rewind (divergence_rewinds) advises.
+        The batches of step t are a pure function of (seed, t + data offset): skipping n of them adds n to the offset
+        of every later step (batches()). The rewind is kept in the state (checkpoints, record.json) so a resume reads
+        the same batches; metrics.jsonl drops the lines after the checkpoint, as a resume does."""
+        st = self.state
+        at, flops, wall, resumes, rewinds = st.step, st.flops, st.wall, st.resumes, st.rewinds
+        self._load_from(self.checkpoint_dir() / "last", self.out)
+        # the counters are the checkpoint's, but for the training time, which stays the time spent; the FLOPs given up
+        # are in the rewind's entry; a resume's changes still hold
+        st.wall, st.resumes = wall, resumes
+        st.rewinds = rewinds + [dict(step=st.step, at=at, skipped=at - st.step, flops=flops - st.flops, why=why)]
+        self._window, self._prefetched, self._last_eval = {}, None, None
+        if self.is_main:
+            _truncate_metrics(self.out / "metrics.jsonl", st.step)
+            tqdm.write(f"warning: step {at}: {why}; going back to the checkpoint of step {st.step} and skipping the "
+                       f"{at - st.step} batches that followed it (rewind {len(st.rewinds)} of "
+                       f"{self.divergence_rewinds}, train.stop_on_divergence)")
+        self.accelerator.wait_for_everyone()
+        self._clock = time.perf_counter()
 
     def calmer_lr(self) -> float:
         """The peak LR a diverged run is advised to go on with. From its last good checkpoint: the LR it had trained at
@@ -486,17 +561,25 @@ class Trainer:
                 f"and the uniform prediction's): the run may be diverging; lower optim.lr (now {o.lr}), raise "
                 f"optim.warmup_steps (now {o.warmup_steps}) or clip with optim.grad_clip (now {o.grad_clip})")
 
-    def _val_diverged(self, val_loss: float) -> str | None:
-        """Validation's word on a divergence: a reason when `val_loss` is over 1 nat above the lower of the best
-        validation loss so far and the uniform prediction's (the model got worse, not one batch); otherwise None,
-        and the best is updated."""
+    def _val_diverged(self, val_loss: float, last: bool = False) -> str | None:
+        """Validation's word on a divergence, on evidence that persists. An evaluation over 1 nat above the lower of the
+        best validation loss so far and the uniform prediction's opens a doubt (with train.stop_on_divergence every log
+        step then evaluates, and no checkpoint is written); the run has diverged when every evaluation stays that high
+        for divergence_window steps, or the run ends (`last`) in doubt. One back under the line closes the doubt: a
+        spike the run comes back from is not a divergence. Returns the reason once diverged, else None."""
         st = self.state
         ref = min(st.best_val, self.task.uniform_loss())
-        if val_loss > ref + 1.0:
-            return (f"the run diverged: validation loss {val_loss:.3f} at step {st.step} is {val_loss - ref:.2f} nats "
-                    f"above {ref:.3f} (the lower of its best so far and the uniform prediction's)")
-        st.best_val = min(st.best_val, val_loss)
-        return None
+        if val_loss <= ref + 1.0:
+            st.best_val, st.doubt_since = min(st.best_val, val_loss), -1
+            return None
+        if st.doubt_since < 0:
+            st.doubt_since = st.step
+        if st.step - st.doubt_since < self.divergence_window and not last:
+            return None
+        since = (f"as at every evaluation since step {st.doubt_since}" if st.doubt_since < st.step
+                 else "at the run's last step")
+        return (f"the run diverged: validation loss {val_loss:.3f} at step {st.step} is {val_loss - ref:.2f} nats "
+                f"above {ref:.3f} (the lower of its best so far and the uniform prediction's), {since}")
 
     def weights_finite(self) -> bool:
         # FSDP2's parameters are DTensors: each process checks its own shards, the reduce below covers them all
@@ -536,17 +619,18 @@ class Trainer:
     def save(self, final: bool = False) -> bool:
         """Write the full state to checkpoints/last atomically: save to a temp folder, then swap,
         so a crash mid-save never destroys the previous checkpoint. With train.stop_on_divergence, a checkpoint
-        is written only while no log window is flagged and its validation loss is not diverged (so the one kept
-        is always from before the first flagged step); returns whether it was written. `final`: the run's end,
-        whose state is saved whatever (its last evaluation already passed the check)."""
+        is written only while no log window is flagged and its validation loss is not in doubt (so the one kept
+        is always from before the first flagged step: a rewind's target); returns whether it was written. `final`:
+        the run's end, whose state is saved whatever (its last evaluation already passed the check)."""
         acc, ck = self.accelerator, self.checkpoint_dir()
         self._flush()  # the open window's sums go into the checkpoint; a NaN loss stops the run here
         self._tick()   # and its time so far (the save itself is not counted: fit restarts the clock)
+        st = self.state
         if self.cfg.train.stop_on_divergence and not final:
-            if self.state.flagged_since >= 0:
-                return False  # the last good checkpoint stays until the flag clears (or the run stops)
-            if why := self._val_diverged(self._evaluated()["val_loss"]):
-                self._diverged(f"{why}, at a checkpoint (train.stop_on_divergence)")
+            if st.flagged_since < 0 and st.doubt_since < 0:
+                self._val_diverged(self._evaluated()["val_loss"])  # may open a doubt (see _val_diverged)
+            if st.flagged_since >= 0 or st.doubt_since >= 0:
+                return False  # the last good checkpoint stays until the flag and the doubt clear (or the run rewinds)
         if self.engine is not None:
             self.engine.sync_replica()
         if not self.weights_finite():  # never replace a good checkpoint by a diverged model
@@ -583,18 +667,27 @@ class Trainer:
     def load(self, run_dir: Path) -> None:
         src = checkpoint_folder(run_dir)
         if src is None:
-            raise TrainingError(f"{run_dir} has no checkpoint (the run stopped before its first one); "
-                                f"start it again with: python -m accellib.train --config {run_dir / 'config.yaml'} "
-                                f"--out {run_dir} --overwrite")
+            raise TrainingError(f"{run_dir} has no checkpoint (the run stopped before its first one); start it "
+                                "again with: "
+                                + command("--config", run_dir / "config.yaml", "--out", run_dir, "--overwrite"))
+        self._load_from(src, run_dir)
+
+    def _load_from(self, src: Path, run_dir: Path) -> None:
+        """Load the checkpoint folder `src` of the run in `run_dir`: a damaged file is named in one line (Accelerate
+        itself would skip an unreadable random_states_<rank>.pkl without a word), with the intact checkpoints kept."""
         self._check_layout(src)
-        try:
-            self.accelerator.load_state(str(src))
-        except ConfigError:  # a technique refusing the stored state (its own one-line reason): not a damaged file
-            raise
-        except Exception as e:  # truncated, garbage or missing files: torch/pickle raise many types
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise TrainingError(f"the checkpoint {src} cannot be read ({type(e).__name__}: {msg[:160]}); "
-                                f"restore the folder from a backup, or start the run again with --overwrite") from None
+        what = damaged_files(src, self.accelerator.process_index)
+        if not what:
+            try:
+                self.accelerator.load_state(str(src))
+            except ConfigError:  # a technique refusing the stored state (its own one-line reason): not a damaged file
+                raise
+            except Exception as e:  # garbage or missing files: torch/pickle raise many types
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                what = [f"{type(e).__name__}: {msg[:160]}"]
+        if what:
+            raise TrainingError(f"the checkpoint {src} cannot be read ({'; '.join(what)}); "
+                                f"{unreadable_advice(run_dir, src)}")
         if self.engine is not None:
             self._load_engine(src)
         self.saved_step = self.state.step
@@ -712,6 +805,54 @@ class Trainer:
         finally:  # also when training fails: what was logged reaches the trackers' files
             self._end_trackers()
 
+    def _fit_step(self, bar) -> dict | None:
+        """One step of fit's loop: train, then at log steps log (and evaluate), at checkpoint steps save; returns the
+        log record of a log step, else None."""
+        st, t, rec_out = self.state, self.cfg.train, None
+        tok0 = st.tokens
+        self.train_step()
+        st.win_tokens += st.tokens - tok0
+        bar.update(1)
+        done = self.finished()
+        do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
+        if st.step % t.log_every == 0 or do_eval:
+            self._flush()
+            self._tick()  # after the read: the window's time includes the device's queued work
+            rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
+            rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
+            rec.update(self._efficiency(st.win_flops, st.win_wall))
+            warning = self._divergence(st.win_loss / st.win_steps)
+            if warning:
+                rec["warning"] = warning
+                if st.flagged_since < 0:
+                    st.flagged_since = st.step - st.win_steps + 1  # the window's first step
+            else:
+                st.flagged_since = -1
+            st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
+            st.win_metrics, st.win_flops = {}, 0.0
+            # a flagged window is one batch's spike or a divergence: with stop_on_divergence, validation decides, at
+            # every log step while it is in doubt (_val_diverged)
+            diverged = None
+            if do_eval or (t.stop_on_divergence and (warning or st.doubt_since >= 0)):
+                ev = self.evaluate()
+                rec.update({k: round(v, 5) for k, v in ev.items()})
+                bar.set_postfix(val=f"{rec['val_loss']:.3f}")
+                diverged = self._val_diverged(ev["val_loss"], last=done)
+            self._log(rec)
+            if not t.progress:  # without a bar the console must still show the run is alive
+                self.accelerator.print(log_line(rec, t.steps), flush=True)
+            if warning and self.is_main:
+                tqdm.write(f"warning: step {st.step}: {warning}")
+            if diverged and t.stop_on_divergence:
+                self._diverged(f"{diverged} (train.stop_on_divergence)")
+            rec_out = rec
+        save = self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0))
+        if save:
+            self.save(final=done)
+        if save or do_eval or st.step % t.log_every == 0:
+            self._clock = time.perf_counter()  # logging, evaluation and saving are not training time
+        return rec_out
+
     def _fit(self, resume: bool) -> dict:
         cfg, st, t = self.cfg, self.state, self.cfg.train
         if self.out is not None and self.is_main:
@@ -740,48 +881,17 @@ class Trainer:
                    desc="train", dynamic_ncols=True)
         final = {}
         self._clock = time.perf_counter()
-        while not self.finished():
-            tok0 = st.tokens
-            self.train_step()
-            st.win_tokens += st.tokens - tok0
-            bar.update(1)
-            done = self.finished()
-            do_eval = done or (t.eval_every and st.step % t.eval_every == 0)
-            if st.step % t.log_every == 0 or do_eval:
-                self._flush()
-                self._tick()  # after the read: the window's time includes the device's queued work
-                rec = self._train_record(st.win_loss / st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm)
-                rec.update({f"train_{k}": round(v / st.win_steps, 5) for k, v in st.win_metrics.items()})
-                rec.update(self._efficiency(st.win_flops, st.win_wall))
-                warning = self._divergence(st.win_loss / st.win_steps)
-                if warning:
-                    rec["warning"] = warning
-                    if st.flagged_since < 0:
-                        st.flagged_since = st.step - st.win_steps + 1  # the window's first step
-                else:
-                    st.flagged_since = -1
-                st.win_loss, st.win_steps, st.win_tokens, st.win_wall, st.win_grad_norm = 0.0, 0, 0, 0.0, 0.0
-                st.win_metrics, st.win_flops = {}, 0.0
-                # a flagged window is one batch's spike or a divergence: with stop_on_divergence, validation decides
-                diverged = None
-                if do_eval or (warning and t.stop_on_divergence):
-                    ev = self.evaluate()
-                    rec.update({k: round(v, 5) for k, v in ev.items()})
-                    bar.set_postfix(val=f"{rec['val_loss']:.3f}")
-                    diverged = self._val_diverged(ev["val_loss"])
-                self._log(rec)
-                if not t.progress:  # without a bar the console must still show the run is alive
-                    self.accelerator.print(log_line(rec, t.steps), flush=True)
-                if warning and self.is_main:
-                    tqdm.write(f"warning: step {st.step}: {warning}")
-                if diverged and t.stop_on_divergence:
-                    self._diverged(f"{diverged} (train.stop_on_divergence)")
-                final = rec
-            save = self.out is not None and (done or (t.checkpoint_every and st.step % t.checkpoint_every == 0))
-            if save:
-                self.save(final=done)
-            if save or do_eval or st.step % t.log_every == 0:
-                self._clock = time.perf_counter()  # logging, evaluation and saving are not training time
+        self._fitting = True
+        try:
+            while not self.finished():
+                try:
+                    final = self._fit_step(bar) or final
+                except _Rewind as r:  # a confirmed divergence that can go back to the last good checkpoint
+                    self._rewind(str(r))
+                    bar.n = st.step
+                    bar.refresh()
+        finally:
+            self._fitting = False
         bar.close()
         if not final or final.get("step") != st.step or "val_loss" not in final:  # nothing was trained
             final = dict(self._train_record(0.0, 0, 1.0), train_loss=None, **self.evaluate())
