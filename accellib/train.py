@@ -87,6 +87,8 @@ def training_function(cfg: RunConfig, out: str | Path, resume: bool = False, ove
             resumes = dict(resumes=trainer.state.resumes) if trainer.state.resumes else {}  # what each resume changed
             if trainer.state.one_off:  # seconds of one-off work timed apart from training (Trainer.one_off)
                 resumes["one_off_s"] = {k: round(v, 4) for k, v in trainer.state.one_off.items()}
+            if trainer.state.rewinds:  # what the divergence guard did (Trainer._rewind)
+                resumes["rewinds"] = trainer.state.rewinds
             note_written(out, ["record.json", "loss.png"])
             write_record(out, cfg.to_dict(), final, trainer.accelerator, params=num_params(trainer.raw_model),
                          distributed=trainer.distributed(), **resumes)

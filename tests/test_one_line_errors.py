@@ -209,7 +209,8 @@ def test_a_resume_may_change_only_the_options_marked_so(tiny_data_dir, tmp_path)
             "optim.name", "pld.enabled", "pld.gamma", "ouroboros.modules"} <= set(refused)
     assert set(may) == {"train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every",
                         "train.progress", "train.device", "train.threads", "train.compile", "train.compile_backend",
-                        "train.stop_on_divergence", "train.keep_checkpoints",
+                        "train.stop_on_divergence", "train.divergence_window", "train.divergence_rewinds",
+                        "train.keep_checkpoints",
                         "train.peak_flops", "data.verify", "log.trackers", "log.project", "optim.lr",
                         "optim.min_lr_ratio", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
                         "optim.beta2", "optim.momentum", "optim.grad_clip", "layered_accumulation.emulate_mbps",
@@ -319,3 +320,11 @@ def test_token_ids_are_checked_without_a_checksum(tiny_data_dir, tmp_path, capsy
     err = one_line(capsys, ["--out", str(tmp_path / "r")] + tiny_overrides(d))
     assert "holds token id" in err and "vocab_size is 100" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_resume_of_a_checkpoint_from_another_config_names_the_shapes(finished_run, capsys):
+    # issue 43 item 4: before, "cannot be read ...; start the run again with --overwrite" (which deletes the checkpoint)
+    cfg = finished_run / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("d_model: 32", "d_model: 64"))
+    err = one_line(capsys, ["--resume", str(finished_run), "--train.steps=4"])
+    assert "does not fit" in err and "model.d_model=32 where the config has 64" in err and "--overwrite" not in err

@@ -306,3 +306,22 @@ def test_kept_checkpoints_are_recorded_when_saved(tiny_cfg, tmp_path, capsys):
     argv = ["--config", str(run / "config.yaml"), "--out", str(run), "--overwrite", "--train.steps=2"]
     assert main(argv) == 0, capsys.readouterr().err
     assert sorted(p.name for p in ck.iterdir()) == ["last"]
+
+
+def test_pruning_kept_checkpoints_deletes_only_what_accellib_wrote(tiny_cfg, tmp_path):
+    """train.keep_checkpoints prunes the older kept checkpoints by their record: a file of the user's inside one
+    (and the folder holding it) stays, and a step_<k> folder accellib never wrote is never touched."""
+    from accellib.train import training_function
+    run = tmp_path / "run"
+    kw = {"train.steps": 8, "train.checkpoint_every": 2, "train.eval_every": 0, "train.keep_checkpoints": 2}
+    training_function(tiny_cfg(**dict(kw, **{"train.steps": 4})), run)
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["last", "step_2"]
+    (ck / "step_2" / "my_notes.txt").write_text("mine")
+    (ck / "step_900").mkdir()
+    (ck / "step_900" / "model.pt").write_bytes(b"not accellib's")
+    training_function(tiny_cfg(**kw), run, resume=True)
+    assert (ck / "step_2" / "my_notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (ck / "step_2").iterdir()) == ["my_notes.txt"]   # accellib's files went
+    assert (ck / "step_900" / "model.pt").read_bytes() == b"not accellib's"
+    assert (ck / "step_6").is_dir() and (ck / "last").is_dir()

@@ -72,10 +72,18 @@ class TrainConfig:
     peak_flops: float = opt(0.0, "peak FLOP/s of one device, for the MFU of every log line; 0 = the table in "
                             "accellib/core/hardware.py (GPUs) or a matmul measured at start (CPU)", min=0.0, resume=True)
     stop_on_divergence: bool = opt(False, "a log step whose training loss is over 1 nat above the lower of its best so "
-                                   "far and the uniform prediction's is flagged (a warning); true = evaluate it at once and "
-                                   "stop (one line, with the command that goes on) when the validation loss is also over 1 "
-                                   "nat above its best, and write checkpoints only while nothing is flagged and after the "
-                                   "same validation check, so the one kept is from before the divergence", resume=True)
+                                   "far and the uniform prediction's is flagged (a warning); true = a flagged window or an "
+                                   "evaluation over 1 nat above the best validation opens a doubt (evaluated at every log "
+                                   "step, no checkpoint written); validation still that high after train.divergence_window "
+                                   "steps is a divergence: go back to the last good checkpoint and skip the batches since, "
+                                   "at most train.divergence_rewinds times, then stop (one line, with the command that "
+                                   "goes on)", resume=True)
+    divergence_window: int = opt(10, "with stop_on_divergence: validation over 1 nat above its best at every evaluation "
+                                 "for this many steps (or at the last step) is a divergence; one evaluation is a spike",
+                                 min=1, resume=True)
+    divergence_rewinds: int = opt(3, "with stop_on_divergence: a divergence goes back to the last good checkpoint and "
+                                  "skips the batches that followed it, at most this many times; then the run stops",
+                                  min=0, resume=True)
     flops_budget: float = opt(0.0, "also stop once the training FLOPs (all processes) reach this; 0 = off "
                               "(compare --budget flops sets it to the baseline's)", min=0.0)
 

@@ -131,6 +131,37 @@ def note_checkpoint(out: Path, folder: Path) -> None:
     _save(out, d)
 
 
+def _recorded(out: Path, folder: Path) -> dict | None:
+    """The record of the checkpoint folder `folder` (found by its identity), or None: not accellib's."""
+    if folder.is_symlink() or not folder.is_dir():
+        return None
+    return next((e for e in read_marker(out).get("checkpoints", []) if e["id"] == _id(folder)), None)
+
+
+def recorded_checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """kept_checkpoints(out) that accellib wrote (by their record): what train.keep_checkpoints counts and prunes."""
+    return [(k, p) for k, p in kept_checkpoints(out) if _recorded(Path(out), p) is not None]
+
+
+def remove_checkpoint(out: Path, folder: Path) -> None:
+    """Delete a kept checkpoint accellib wrote (train.keep_checkpoints' pruning, Trainer.save): the files its record
+    lists, then its folders once empty. Anything else inside (the user's) stays, and so does the folder holding
+    it; a folder without a record (not accellib's, or written before records) is left whole; a link is never
+    followed."""
+    entry = _recorded(Path(out), Path(folder))
+    if entry is None:
+        return
+    for f in entry["files"]:
+        p = folder / f
+        if os.path.islink(p) or p.is_file():
+            p.unlink()
+    for d in sorted(entry["dirs"], key=lambda x: -x.count("/")) + [""]:  # the deepest first, the folder last
+        try:
+            (folder / d).rmdir()
+        except OSError:  # not empty: something of the user's is in it
+            pass
+
+
 def snapshot(out: Path, sub: str) -> set[str]:
     """The paths under out/sub now (not following symlinks): note_new(out, sub, before) records what appears."""
     top = Path(out) / sub

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import shutil
 import time
@@ -31,8 +32,8 @@ from .config import RunConfig, changed_options, load_config
 from .hardware import enable_fast_math, peak_flops, peak_memory_gb
 from .launch import distributed_setup, fsdp_requested, make_accelerator, tracking_kwargs
 from ..models.transformer import Plan
-from .run_dir import (check_shared_run_dir, checkpoint_folder, checkpoint_layout, checkpoint_state, kept_checkpoints,
-                      unreadable_advice, write_marker)
+from .run_dir import (check_shared_run_dir, checkpoint_folder, checkpoint_layout, checkpoint_state,
+                      note_checkpoint, recorded_checkpoints, remove_checkpoint, unreadable_advice, write_marker)
 from .schedules import WarmupCosine
 from .tasks import make_task
 
@@ -97,7 +98,7 @@ class TrainState:
     best_val: float = math.inf   # the lowest validation loss so far: a divergence is confirmed against it
     flagged_since: int = -1      # first step of the open run of flagged log windows (-1: the last one was not flagged)
     # step of the first of the open run of evaluations over 1 nat above best_val (-1: the last one was not): with
-    # train.stop_on_divergence the run is diverged once it stays so for Trainer.divergence_window steps
+    # train.stop_on_divergence the run is diverged once it stays so for train.divergence_window steps
     doubt_since: int = -1
     # what the divergence guard did (Trainer._rewind), as [{"step": c, "at": s, "skipped": n, "flops": f, "why": ...}]:
     # at step s it went back to the checkpoint of step c (giving up f FLOPs of training) and skipped the n batches
@@ -262,7 +263,7 @@ class Trainer:
         self.step_metrics: dict[str, list] = {}  # the task's train metrics of the current step's micro-batches
         # the divergence guard (train.stop_on_divergence; _val_diverged, _rewind): validation over 1 nat above its best
         # for this many steps is a divergence, and a run goes back to its last good checkpoint at most this many times
-        self.divergence_window, self.divergence_rewinds = 10, 3
+        self.divergence_window, self.divergence_rewinds = t.divergence_window, t.divergence_rewinds
         self._fitting = False  # inside fit's loop, where a divergence may rewind (_diverged)
         for tech in self.techniques:
             tech.setup(self)
@@ -647,19 +648,23 @@ class Trainer:
         acc.wait_for_everyone()
         if self.is_main:
             keep = self.cfg.train.keep_checkpoints
+            note_checkpoint(self.out, tmp)  # recorded whole, before its renames: what --overwrite and pruning delete
             if last.exists():
                 # "last" only ever appears by an atomic rename of a finished temp folder, so when it
                 # exists it is whole; an ".old" beside it is a leftover of a kill after an earlier swap
-                shutil.rmtree(old, ignore_errors=True)
+                remove_checkpoint(self.out, old)
+                if os.path.lexists(old):  # not (all) accellib's: never deleted (a leftover of a run from before records)
+                    raise TrainingError(f"{old} holds files accellib did not record writing; move it out of "
+                                        f"{ck} and resume: python -m accellib.train --resume {shlex.quote(str(self.out))}")
                 prev = self.saved_step if self.saved_step is not None else checkpoint_state(last).get("step")
                 last.rename(ck / f"step_{prev}" if keep > 1 and prev is not None and prev < self.state.step else old)
             tmp.rename(last)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_checkpoint(self.out, old)
             # train.keep_checkpoints: the newest keep-1 older ones stay (and none from beyond this step: a resume
-            # from an earlier one has replaced them)
-            older = [(k, p) for k, p in kept_checkpoints(self.out)]
+            # from an earlier one has replaced them); only what accellib recorded writing is deleted (run_dir)
+            older = recorded_checkpoints(self.out)
             for k, p in older[:max(0, len(older) - (keep - 1))] + [(k, p) for k, p in older if k >= self.state.step]:
-                shutil.rmtree(p, ignore_errors=True)
+                remove_checkpoint(self.out, p)
         acc.wait_for_everyone()
         self.saved_step = self.state.step
         return True
@@ -683,6 +688,10 @@ class Trainer:
             except ConfigError:  # a technique refusing the stored state (its own one-line reason): not a damaged file
                 raise
             except Exception as e:  # garbage or missing files: torch/pickle raise many types
+                from .checkpoint_shapes import checkpoint_mismatch
+                if why := checkpoint_mismatch(src, self.raw_model, self.cfg.model):  # another config's checkpoint
+                    raise TrainingError(f"the checkpoint {src} does not fit {run_dir / 'config.yaml'}: {why}; resume "
+                                        "with the config.yaml it was trained with (put it back)") from None
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 what = [f"{type(e).__name__}: {msg[:160]}"]
         if what:
@@ -721,8 +730,8 @@ class Trainer:
             where = "cpu" if acc.device.type == "cpu" else acc.device
             d = torch.load(f, map_location=where, weights_only=False) if f.is_file() else None
         except Exception as e:
-            raise TrainingError(f"the checkpoint file {f} cannot be read ({type(e).__name__}); restore the "
-                                "folder from a backup, or start the run again with --overwrite") from None
+            raise TrainingError(f"the checkpoint file {f} cannot be read ({type(e).__name__}); "
+                                f"{unreadable_advice(self.out, src)}") from None
         n = len(list(src.glob("engine_rank*.pt")))
         if d is None or d["world"] != acc.num_processes:
             raise TrainingError(f"{src} was written by {d['world'] if d else n} process(es) of "
