@@ -128,7 +128,7 @@ def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 
     seed0 = (base_cfg or cfgs[base]).train.seed
     if stored is not None and (stored.get("budget"), stored.get("seeds")) != (budget, seeds):
         raise ConfigError(f"the comparison was run with --budget {stored.get('budget')} --seeds {stored.get('seeds')}; "
-                          "resume it with the same, or --overwrite")
+                          "resume it with the same, or give the new comparison another --out (its finished arms stay)")
     kept = (stored or {}).get("per_seed", {}) if budget == "wall" else {}
     plans, runs = {}, {}
     for k in range(seeds):
