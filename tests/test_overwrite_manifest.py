@@ -325,3 +325,39 @@ def test_pruning_kept_checkpoints_deletes_only_what_accellib_wrote(tiny_cfg, tmp
     assert sorted(p.name for p in (ck / "step_2").iterdir()) == ["my_notes.txt"]   # accellib's files went
     assert (ck / "step_900" / "model.pt").read_bytes() == b"not accellib's"
     assert (ck / "step_6").is_dir() and (ck / "last").is_dir()
+
+
+# ----------------------------------------------------------------------------- runs of an earlier accellib
+def _strip_records(top: Path) -> None:
+    """Make every marker under `top` what the accellib before records wrote: kind and written_by only, no copy."""
+    import json
+    for m in top.rglob(MARKER):
+        d = json.loads(m.read_text())
+        m.write_text(json.dumps({k: v for k, v in d.items() if k in ("kind", "written_by", "arm")}))
+        (m.parent / COPY).unlink(missing_ok=True)
+
+
+def test_a_run_of_an_earlier_accellib_is_adopted_then_overwritten_keeping_the_users_files(tiny_cfg, tmp_path, capsys):
+    # before this: its marker without a record made --overwrite refuse every file as foreign, and --adopt refuse
+    # ("already accellib's"), so the run could be neither replaced nor adopted; and --adopt recorded every file in
+    # the folder, the user's notes.txt beside the run included, so the --overwrite it advised deleted them
+    run = tmp_path / "run"
+    training_function(tiny_cfg(**{"train.steps": 2, "train.eval_every": 0}), run)
+    _strip_records(run)
+    (run / "notes.txt").write_text("mine")
+    data = Path(read_record(run)["config"]["data"]["path"])
+    argv = ["--out", str(run), "--overwrite"] + tiny_overrides(data, **{"train.steps": 2, "train.eval_every": 0})
+    assert main(argv) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "an earlier accellib" in err and f"python -m accellib.train --adopt {run}" in err, err
+    assert main(["--adopt", str(run)]) == 0 and "other files stay yours" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert (run / "notes.txt").read_text() == "mine" and (run / "checkpoints" / "last").is_dir()
+
+
+def test_a_comparison_of_an_earlier_accellib_is_adopted_with_its_arms(tiny_data_dir, tmp_path, capsys):
+    cfg, out = _small_yaml(tmp_path, tiny_data_dir), tmp_path / "cmp"
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline"]) == 0
+    _strip_records(out)
+    assert main(["--adopt", str(out)]) == 0 and "1 run(s)" in capsys.readouterr().out
+    assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline", "--overwrite"]) == 0

@@ -178,23 +178,47 @@ def note_new(out: Path, sub: str, before: set[str]) -> None:
         note_written(out, sorted(new) + [f"{sub}/"])
 
 
+def _recorded_run(rec: dict) -> bool:
+    """Whether a marker carries the record of what accellib wrote (markers written before records carry none)."""
+    return "wrote" in rec or "runs" in rec
+
+
 def adopt_run(out: Path) -> str:
-    """Make the folder of a run written before accellib kept records accellib's: everything in it is recorded as
-    written by accellib (so --resume continues it, and --overwrite deletes all of it)."""
+    """Make the folder of a run written before accellib kept records accellib's: what accellib's runs write there
+    (config.yaml, metrics.jsonl, record.json, loss.png, vcycle.json, checkpoints/, tensorboard/, stage_k/) is
+    recorded as written by accellib (so --resume continues it, and --overwrite deletes it); other files stay the user's. A folder whose marker has no
+    record yet (a run or comparison of an earlier accellib) is adopted the same way; a comparison's arms with it."""
     out = Path(out)
     if not out.is_dir() or not any(out.iterdir()):
         raise ConfigError(f"{out} is not a folder with files; give the folder of a run to adopt")
-    if read_marker(out):
-        raise ConfigError(f"{out} is already accellib's {read_marker(out)['kind']}; nothing to adopt")
+    rec = read_marker(out)
+    if _recorded_run(rec):
+        raise ConfigError(f"{out} is already accellib's {rec.get('kind', 'run')}, with a record of its files; "
+                          "nothing to adopt")
+    if rec.get("kind") == "comparison":
+        arms = [p for p in sorted(out.rglob(MARKER)) if p.parent != out]
+        arms = [a.parent for a in arms if not any(b.parent in a.parents for b in arms if b.parent != a.parent)]
+        for arm in arms:
+            adopt_run(arm)
+        inside = {f for a in arms for f in _tree(out)[0] if (out / f).is_relative_to(a)}
+        files, dirs = _tree(out)
+        write_marker(out, "comparison")
+        note_written(out, [f for f in files if f not in _OWN_FILES and f not in inside],
+                     runs=[a.relative_to(out).as_posix() for a in arms])
+        return f"adopted {out}: the comparison and its {len(arms)} run(s) are now recorded as accellib's"
     if not (out / "config.yaml").is_file():
         raise ConfigError(f"{out} has no config.yaml, so it is no run of accellib's; nothing to adopt")
+    # only what accellib's runs write (NEXT_RUN, a V-cycle's stage_k): anything else beside the run stays the user's
+    ours = lambda rel: rel.split("/")[0] in NEXT_RUN or re.fullmatch(r"stage_\d+", rel.split("/")[0])  # noqa: E731
     files, dirs = _tree(out)
+    files, dirs = [f for f in files if ours(f) and f not in _OWN_FILES], [x for x in dirs if ours(x)]
     write_marker(out, "run")
-    note_written(out, [f for f in files if f not in _OWN_FILES] + [f"{x}/" for x in dirs])
+    note_written(out, files + [f"{x}/" for x in dirs])
     for p in (out / "checkpoints").iterdir() if (out / "checkpoints").is_dir() else []:
         if p.is_dir() and not p.is_symlink():
             note_checkpoint(out, p)
-    return f"adopted {out}: its {len(files)} files are now accellib's run (--resume continues it, --overwrite deletes them)"
+    return (f"adopted {out}: its {len(files)} files at accellib's names are now accellib's run (--resume continues it, "
+            "--overwrite deletes them; other files stay yours)")
 
 
 # ----------------------------------------------------------------------------- what --overwrite deletes
@@ -291,6 +315,9 @@ def clear_run(out: Path) -> None:
 
 
 def _refusal(out: Path, foreign: list[str]) -> str:
+    if not _recorded_run(read_marker(out)):  # an earlier accellib's run: its marker has no record of its files yet
+        return (f"{out} holds a run of an earlier accellib, which did not record the files it wrote ({_names(foreign)}); "
+                f"if all of them are the run's, adopt it first with {ADOPT.format(out=out)}, then --overwrite")
     return (f"{out} holds a run and also {_names(foreign)}, which accellib did not write and --overwrite would "
             "delete or write over: move them out of the folder, or choose another --out")
 
