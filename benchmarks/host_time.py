@@ -29,11 +29,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from accellib.core.config import load_config  # noqa: E402
 from accellib.core.records import environment, write_json  # noqa: E402
-from accellib.core.trainer import Trainer, make_optimizer  # noqa: E402
-from accellib.models.transformer import Transformer  # noqa: E402
+from accellib.core.trainer import Trainer  # noqa: E402
+from throughput import plain_update  # noqa: E402  (benchmarks/ is on sys.path when this runs as a script)
 
 TARGET = 0.97         # plain / trainer host seconds per step
 OP_TOLERANCE = 0.05   # the trainer may dispatch at most 5% more ops per step than the plain loop
@@ -70,13 +71,7 @@ def plain_step(tr: Trainer):
 
     def step():
         (x, y), = tr.batches(state["step"])
-        _, loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        for g in opt.param_groups:
-            g["lr"] = cfg.optim.lr
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = plain_update(model, opt, x, y, cfg.optim)
         state["step"] += 1
         return loss.detach()
     return step

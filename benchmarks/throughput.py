@@ -81,17 +81,24 @@ def plain_loop(cfg, data, device, compile_backend: str | None = None):
             x, y = sample_batch(data.train, cfg.train.batch_size, cfg.model.seq_len,
                                 generator_for(cfg.train.seed, step, 0))
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                _, loss = model(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-            for g in opt.param_groups:
-                g["lr"] = cfg.optim.lr
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = plain_update(model, opt, x, y, cfg.optim, bf16)
             step += 1
         loss.item()  # one host read per block, as the trainer's logging
     return run
+
+
+def plain_update(model, opt, x, y, o, bf16: bool = False) -> torch.Tensor:
+    """One optimizer step as a careful user writes it: forward (bf16 autocast on request), backward, torch's
+    clip_grad_norm_, the LR set, the optimizer's step, zero_grad. Returns the loss. Also benchmarks/host_time.py's."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+    for g in opt.param_groups:
+        g["lr"] = o.lr
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def trainer_loop(tr: Trainer):
