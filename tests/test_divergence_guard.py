@@ -60,16 +60,30 @@ def _corrupted_copy(src, dst, share: float = 0.02, token: int = 7):
     return dst
 
 
-def test_a_corrupted_stretch_of_the_token_file_does_not_stop_the_run(tiny_data_dir, tiny_cfg, tmp_path):
-    # 2% of train.bin is one repeated id: a batch that draws from it at step 19 puts validation 7.3 nats over its best
-    # at step 20, back at its best at step 25. Before: "the run diverged ... at step 20".
+def test_a_corrupted_stretch_of_the_token_file_does_not_stop_the_run(tiny_data_dir, tiny_cfg, tmp_path, monkeypatch):
+    # 2% of train.bin is one repeated id. Random windows meet it now and then; how hard a run spikes on them depends
+    # on the float path (under ATEN_CPU_CAPABILITY=default's kernels the random draws, and even one whole batch from
+    # the stretch, moved validation by < 0.01 nats), so the batches of steps 17-19 are read from the stretch itself, as
+    # an unlucky run of draws would: validation is over 1 nat above its best at step 20 and back by step 25 on both
+    # kernel paths. Before: "the run diverged ... at step 20".
     data = _corrupted_copy(tiny_data_dir, tmp_path / "data")
+    batch = LMTask.batch
+
+    def unlucky(self, step, index):
+        x, y = batch(self, step, index)
+        if not 17 <= step < 20:
+            return x, y
+        train, T = self.data.train, x.size(1)
+        at = len(train) // 2 + torch.arange(x.size(0)) * T          # windows inside the corrupted stretch
+        w = torch.stack([torch.from_numpy(np.asarray(train[a:a + T + 1], dtype=np.int64)) for a in at.tolist()])
+        return w[:, :-1], w[:, 1:]
+    monkeypatch.setattr(LMTask, "batch", unlucky)
     kw = {**BATCH4, "optim.lr": 0.01, "data.path": str(data)}
     training_function(tiny_cfg(**kw), tmp_path / "plain")
     final = training_function(tiny_cfg(**kw, **GUARD), tmp_path / "guarded")
     assert final["step"] == 40 and curve(tmp_path / "guarded") == curve(tmp_path / "plain")
-    vals = [v for _, _, v in curve(tmp_path / "plain")]
-    assert max(vals) > min(vals[:3]) + 5                                        # it did spike
+    vals = dict((st, v) for st, _, v in curve(tmp_path / "plain"))
+    assert vals[20] > min(vals[5], vals[10], vals[15]) + 1.0 > vals[25]        # it did spike, and came back
 
 
 def _garbage_stretch(monkeypatch, first: int, end: int, token: int = 7):
