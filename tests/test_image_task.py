@@ -1,6 +1,7 @@
 """The image task in the one trainer loop (issue 13): the standardization loss as a technique, resume,
 2 processes, FLOPs, which techniques apply to which model kind, compare and the CLI on a vision config."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -214,7 +215,7 @@ def test_transformer_norm_default_keeps_the_parameter_names():
 
 
 def _cli(args, cwd):
-    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": os.defpath}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
 
