@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from accellib.core.config import load_config  # noqa: E402
 from accellib.core.records import environment, write_json  # noqa: E402
-from accellib.core.trainer import Trainer  # noqa: E402
+from accellib.core.trainer import Trainer, make_optimizer  # noqa: E402
 from throughput import plain_update  # noqa: E402  (benchmarks/ is on sys.path when this runs as a script)
 
 TARGET = 0.97         # plain / trainer host seconds per step
@@ -64,9 +64,11 @@ class OpCounter(TorchDispatchMode):
 
 
 def plain_step(tr: Trainer):
-    """A plain loop's step over the trainer's own model, optimizer and batches (so both count the same
-    data path): forward, backward, torch's clip, the LR, AdamW, zero_grad. Returns a function of no argument."""
-    model, opt, cfg = tr.raw_model, tr.optimizer, tr.cfg
+    """A plain loop's step over a trainer's model and batches (so both count the same data path), with a plain
+    torch AdamW of its own (not Accelerate's wrapper, whose per-step cost is the trainer's): forward, backward, torch's
+    clip, the LR, AdamW, zero_grad. Returns a function of no argument."""
+    model, cfg = tr.raw_model, tr.cfg
+    opt = make_optimizer(model.parameters(), cfg.optim)
     state = {"step": 0}
 
     def step():

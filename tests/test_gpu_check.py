@@ -114,7 +114,7 @@ def test_the_prediction_and_its_check_are_in_the_record(smoke):
         ch = rec["parts"][f"check:{tech}"]
         assert ch["timed_steps"] == ch["steps"] - ch["warmup_steps"] == len(ch["measured_step_s"])
         assert math.isclose(ch["ratio"], ch["measured_s"] / ch["predicted_s"], rel_tol=1e-3)
-        assert ch["within"] == (abs(ch["ratio"] - 1) <= 0.10)
+        assert ch["within"] is None                                   # a smoke run judges no CPU number
     coords = rec["parts"]["check:pld"]["coordinates"]
     assert coords == sorted(coords, reverse=True) and coords[0] < 1      # theta falls during the short run
     assert len(set(rec["parts"]["check:random_ltd"]["coordinates"])) > 1  # the kept length moves
@@ -247,7 +247,18 @@ def test_targets_are_judged_only_outside_a_smoke_run_and_a_miss_says_by_how_much
     assert v["mfu"]["passed"] is None and v["mfu"]["measured"] is None           # not measured: not judged
     rec["smoke"] = True
     v = {r["key"]: r for r in targets.judge(rec)}
-    assert v["pld@0.5"]["passed"] is None and v["pld@0.5"]["smoke_meets"] is False
+    assert v["pld@0.5"]["passed"] is None and "smoke" in v["pld@0.5"] and "smoke_meets" not in v["pld@0.5"]
+
+
+def test_fp8_is_not_judged_when_no_linear_converted():
+    """With no FP8 table for the GPU, lowp converts nothing and its point times bf16 against bf16 (about 1.0x): that
+    must not read as FP8 meeting its target."""
+    point = dict(status="done", fp8=dict(fp8_layers="0/49"), vs_baseline=dict(speedup=1.0))
+    v = {r["key"]: r for r in targets.judge(dict(parts={"point:lowp_fp8": point}, smoke=False))}
+    assert v["lowp_fp8"]["passed"] is None and "FP8 not measured" in v["lowp_fp8"]["measured"]
+    point["fp8"]["fp8_layers"] = "12/49"
+    v = {r["key"]: r for r in targets.judge(dict(parts={"point:lowp_fp8": point}, smoke=False))}
+    assert v["lowp_fp8"]["passed"] is True and v["lowp_fp8"]["measured"] == 1.0
 
 
 def test_the_findings_gpu_cells_come_only_from_a_gpu_record_of_this_check():

@@ -241,6 +241,12 @@ class Trainer:
         self.dp = ((self.accelerator.num_processes, self.accelerator.process_index) if self.engine is None
                    else (self.engine.dp_world, self.engine.dp_rank))
         self.state = TrainState()
+        # what each step calls step() and zero_grad() on: Accelerate's optimizer wrapper adds to torch's only an fp16
+        # GradScaler's step and XLA's gradient sync; without them its per-step package look-ups and signature
+        # inspection are host time a plain loop does not pay (issue 42), so the optimizer it wraps is stepped
+        inner = getattr(self.optimizer, "optimizer", None)
+        plain = self.accelerator.scaler is None and self.accelerator.distributed_type.value != "XLA"
+        self._stepper = inner if inner is not None and plain else self.optimizer
         self.lr_schedule = WarmupCosine(cfg.optim.lr, cfg.optim.warmup_steps, t.steps, cfg.optim.min_lr_ratio)
         self.accelerator.register_for_checkpointing(self.state)
         for tech in self.techniques:
@@ -374,8 +380,8 @@ class Trainer:
             lr *= tech.lr_factor(st)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
+        self._stepper.step()
+        self._stepper.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
         # counters (all processes: this rank's work x world size; plans are identical across ranks)
         world, task = self.dp[0], self.task
         step_flops = world * sum(task.micro_flops(p) for p in plans)
@@ -655,7 +661,7 @@ class Trainer:
                 remove_checkpoint(self.out, old)
                 if os.path.lexists(old):  # not (all) accellib's: never deleted (a leftover of a run from before records)
                     raise TrainingError(f"{old} holds files accellib did not record writing; move it out of "
-                                        f"{ck} and resume: python -m accellib.train --resume {shlex.quote(str(self.out))}")
+                                        f"{ck} and resume: " + command("--resume", self.out))
                 prev = self.saved_step if self.saved_step is not None else checkpoint_state(last).get("step")
                 last.rename(ck / f"step_{prev}" if keep > 1 and prev is not None and prev < self.state.step else old)
             tmp.rename(last)

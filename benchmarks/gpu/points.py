@@ -87,6 +87,9 @@ def part_point(c, name: str) -> dict:
     m = time_trainer(c, tr, warm, steps, sync)
     out = dict(technique=spec["tech"], x=spec["x"], overrides=spec["over"], build=build, **m)
     tech = next((t for t in tr.techniques if t.name == spec["tech"]), None)
+    if spec["tech"] == "lowp_fp8":   # what converted: 0 Linears (no table for this GPU) is bf16 against bf16
+        lowp = next(t for t in tr.techniques if t.name == "lowp")
+        out["fp8"] = dict(lowp.fp8)
     if spec["tech"] in ("pld", "sbld"):
         out["theta_measured"] = round(tech.last["theta"], 6)     # the schedule stood still at x
         out["expected_blocks"] = round(sum(tech.last["probs"]), 4)
