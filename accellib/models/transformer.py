@@ -182,11 +182,8 @@ def block_on_kept(block: Block, kept: torch.Tensor, scale: float, full: int) -> 
         return block(kept, scale)
 
 
-try:
-    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError as _ConstraintViolation
-except ImportError:  # pragma: no cover
-    _ConstraintViolation = RuntimeError
-_DYNAMIC_KEPT = {"strict": True}  # False once a compiled block refused the strict mark (block_on_kept.s fallback)
+from torch.fx.experimental.symbolic_shapes import ConstraintViolationError as _ConstraintViolation  # noqa: E402
+_DYNAMIC_KEPT = {"strict": True}  # False once a compiled block refused the strict mark (block_on_kept's fallback)
 
 
 def _dynamic_kept_length(kept: torch.Tensor, full: int) -> bool:
@@ -196,7 +193,7 @@ def _dynamic_kept_length(kept: torch.Tensor, full: int) -> bool:
     recompile; the bound keeps that graph from serving full-length calls, which keep their own static graph
     (and the SDPA backend random_ltd.attention traced into the dropped blocks' graph stays theirs). Returns
     True when the mark was strict (torch._dynamo.mark_dynamic, which raises at compile time if the block
-    specializes k; run_block then falls back to maybe_mark_dynamic, which lets it). k = 1 is not marked
+    specializes k; block_on_kept then falls back to maybe_mark_dynamic, which lets it). k = 1 is not marked
     (dynamo specializes sizes 0 and 1), nor is anything while tracing a larger compiled region, nor in a process
     that never imported dynamo (nothing is compiled there: an eager run does not pay dynamo's import)."""
     k = kept.size(1)
