@@ -113,15 +113,19 @@ def _tree(folder: Path) -> tuple[dict, list]:
     return files, sorted(dirs)
 
 
-def note_checkpoint(out: Path, folder: Path) -> None:
+def note_checkpoint(out: Path, folder: Path, fresh: bool = False) -> None:
     """Record the checkpoint `folder` (under out/checkpoints) that accellib has just written whole: its files and
     their sizes, and the folder by its identity (device, inode), which its renames (.tmp -> last -> step_<k> or
-    .old) keep. A recorded folder stays recorded; records of folders gone from checkpoints/ are dropped."""
+    .old) keep. A recorded folder stays recorded; records of folders gone from checkpoints/ are dropped. `fresh`:
+    the folder was written just now (Trainer.save), so an entry with its identity is an old folder's whose inode
+    the file system gave again: replaced."""
     out, folder = Path(out), Path(folder)
     d = read_marker(out)
     ck = out / "checkpoints"
     here = [_id(p) for p in ck.iterdir() if p.is_dir()] if ck.is_dir() else []
     entries = [e for e in d.get("checkpoints", []) if e["id"] in here]
+    if fresh and folder.is_dir():
+        entries = [e for e in entries if e["id"] != _id(folder)]
     if not folder.is_dir() or _id(folder) in [e["id"] for e in entries]:
         return
     files, dirs = _tree(folder)
@@ -155,11 +159,16 @@ def remove_checkpoint(out: Path, folder: Path) -> None:
         p = folder / f
         if os.path.islink(p) or p.is_file():
             p.unlink()
+    ident = _id(folder)
     for d in sorted(entry["dirs"], key=lambda x: -x.count("/")) + [""]:  # the deepest first, the folder last
         try:
             (folder / d).rmdir()
         except OSError:  # not empty: something of the user's is in it
             pass
+    if not folder.exists():  # gone: its entry goes too (a new folder may be given the same inode)
+        rec = read_marker(out)
+        rec["checkpoints"] = [e for e in rec.get("checkpoints", []) if e["id"] != ident]
+        _save(out, rec)
 
 
 def snapshot(out: Path, sub: str) -> set[str]:
@@ -208,15 +217,24 @@ def adopt_run(out: Path) -> str:
         return f"adopted {out}: the comparison and its {len(arms)} run(s) are now recorded as accellib's"
     if not (out / "config.yaml").is_file():
         raise ConfigError(f"{out} has no config.yaml, so it is no run of accellib's; nothing to adopt")
-    # only what accellib's runs write (NEXT_RUN, a V-cycle's stage_k): anything else beside the run stays the user's
-    ours = lambda rel: rel.split("/")[0] in NEXT_RUN or re.fullmatch(r"stage_\d+", rel.split("/")[0])  # noqa: E731
+    # evidence that accellib wrote it: an earlier accellib's marker, or a checkpoint holding accellib's training state
+    # (a folder of the user's with a config.yaml and files at accellib's names is not enough: issue 43's first case)
+    cks = [p for p in (out / "checkpoints").iterdir() if p.is_dir() and not p.is_symlink() and "step" in
+           checkpoint_state(p)] if (out / "checkpoints").is_dir() and not (out / "checkpoints").is_symlink() else []
+    if not rec and not cks:
+        raise ConfigError(f"{out} has no checkpoint holding accellib's training state (checkpoints/*/custom_checkpoint_0"
+                          ".pkl) and no marker of an earlier accellib, so nothing says accellib wrote it; nothing adopted")
+    # only what accellib's runs write (NEXT_RUN, a V-cycle's stage_k), and under checkpoints/ only accellib's
+    # checkpoints (recorded by note_checkpoint): anything else stays the user's
+    ours = lambda rel: ((rel.split("/")[0] in NEXT_RUN and rel.split("/")[0] != "checkpoints")  # noqa: E731
+                        or re.fullmatch(r"stage_\d+", rel.split("/")[0]))
     files, dirs = _tree(out)
     files, dirs = [f for f in files if ours(f) and f not in _OWN_FILES], [x for x in dirs if ours(x)]
     write_marker(out, "run")
     note_written(out, files + [f"{x}/" for x in dirs])
-    for p in (out / "checkpoints").iterdir() if (out / "checkpoints").is_dir() else []:
-        if p.is_dir() and not p.is_symlink():
-            note_checkpoint(out, p)
+    for p in cks:
+        note_checkpoint(out, p)
+    files += [f"{p.name}/{f}" for p in cks for f in _tree(p)[0]]
     return (f"adopted {out}: its {len(files)} files at accellib's names are now accellib's run (--resume continues it, "
             "--overwrite deletes them; other files stay yours)")
 

@@ -271,6 +271,7 @@ class Trainer:
         # for this many steps is a divergence, and a run goes back to its last good checkpoint at most this many times
         self.divergence_window, self.divergence_rewinds = t.divergence_window, t.divergence_rewinds
         self._fitting = False  # inside fit's loop, where a divergence may rewind (_diverged)
+        self.good_checkpoint: Optional[Path] = None  # the folder of the checkpoint saved or loaded last (_rewind's)
         for tech in self.techniques:
             tech.setup(self)
 
@@ -513,7 +514,7 @@ class Trainer:
             tried = (f"{len(st.rewinds)} rewind(s) to a checkpoint, skipping {sum(r['skipped'] for r in st.rewinds)} "
                      "batches in all, did not keep it from diverging; " if st.rewinds else "")
             how = (f"{tried}the last good checkpoint (step {self.saved_step}) is kept in "
-                   f"{self.checkpoint_dir() / 'last'} ({when}); continue from it with a lower optim.lr (now {o.lr}): "
+                   f"{self.good_checkpoint or self.checkpoint_dir() / 'last'} ({when}); continue from it with a lower optim.lr (now {o.lr}): "
                    + command("--resume", self.out, f"--optim.lr={lr}"))
         raise TrainingError(f"{what}; {how} (or raise optim.warmup_steps, now {o.warmup_steps}, or clip with "
                             f"optim.grad_clip, now {o.grad_clip})")
@@ -530,7 +531,7 @@ class Trainer:
         the same batches; metrics.jsonl drops the lines after the checkpoint, as a resume does."""
         st = self.state
         at, flops, wall, resumes, rewinds = st.step, st.flops, st.wall, st.resumes, st.rewinds
-        self._load_from(self.checkpoint_dir() / "last", self.out)
+        self._load_from(self.good_checkpoint, self.out)
         # the counters are the checkpoint's, but for the training time, which stays the time spent; the FLOPs given up
         # are in the rewind's entry; a resume's changes still hold
         st.wall, st.resumes = wall, resumes
@@ -654,7 +655,7 @@ class Trainer:
         acc.wait_for_everyone()
         if self.is_main:
             keep = self.cfg.train.keep_checkpoints
-            note_checkpoint(self.out, tmp)  # recorded whole, before its renames: what --overwrite and pruning delete
+            note_checkpoint(self.out, tmp, fresh=True)  # recorded whole, before its renames: what --overwrite and pruning delete
             if last.exists():
                 # "last" only ever appears by an atomic rename of a finished temp folder, so when it
                 # exists it is whole; an ".old" beside it is a leftover of a kill after an earlier swap
@@ -672,7 +673,7 @@ class Trainer:
             for k, p in older[:max(0, len(older) - (keep - 1))] + [(k, p) for k, p in older if k >= self.state.step]:
                 remove_checkpoint(self.out, p)
         acc.wait_for_everyone()
-        self.saved_step = self.state.step
+        self.saved_step, self.good_checkpoint = self.state.step, last
         return True
 
     def load(self, run_dir: Path) -> None:
@@ -705,7 +706,7 @@ class Trainer:
                                 f"{unreadable_advice(run_dir, src)}")
         if self.engine is not None:
             self._load_engine(src)
-        self.saved_step = self.state.step
+        self.saved_step, self.good_checkpoint = self.state.step, src  # (after a fallback: a kept one, not last)
         # the optimizer's state dict carries its hyper-parameters: the config (with a resume's
         # overrides, e.g. a lower weight decay after a divergence) wins over the stored values
         o = self.cfg.optim
@@ -951,7 +952,20 @@ def log_line(rec: dict, total: int) -> str:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
+    """Keep the log lines of steps <= `step` (a resume or a rewind), replacing the file in one rename so a kill
+    cannot leave it empty; a torn last line (a kill while it was written) is dropped."""
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in keep))
+    keep = []
+    for ln in path.read_text().splitlines():
+        try:
+            if ln and json.loads(ln)["step"] <= step:
+                keep.append(ln)
+        except (ValueError, KeyError, TypeError):
+            continue  # not a whole record: the line a kill cut short
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(ln + "\n" for ln in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
