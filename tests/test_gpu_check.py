@@ -292,7 +292,8 @@ def test_a_deadline_skips_the_parts_and_says_which(tmp_path):
                  "check:random_ltd"):
         assert name in rec["skipped"], name
         assert re.search(rf"^gpu_check: skipped {re.escape(name)}: ", p.stdout, re.M), name
-    assert "0 s left" in rec["skipped"]["point:baseline"]
+    # (on a loaded machine the environment part itself can outlast the 1 s: then the deadline came during it)
+    assert re.search(r"0 s left|the deadline came during an earlier part", rec["skipped"]["point:baseline"])
     assert all(v["passed"] is None for v in rec["verdicts"])
 
 

@@ -241,12 +241,12 @@ class Trainer:
         self.dp = ((self.accelerator.num_processes, self.accelerator.process_index) if self.engine is None
                    else (self.engine.dp_world, self.engine.dp_rank))
         self.state = TrainState()
-        # what each step calls step() and zero_grad() on: Accelerate's optimizer wrapper adds to torch's only an fp16
-        # GradScaler's step and XLA's gradient sync; without them its per-step package look-ups and signature
-        # inspection are host time a plain loop does not pay (issue 42), so the optimizer it wraps is stepped
+        # Accelerate's optimizer wrapper adds to torch's only an fp16 GradScaler's step and XLA's gradient sync; without
+        # them its per-step package look-ups and signature inspection are host time a plain loop does not pay (issue
+        # 42), so the trainer steps the optimizer it wraps (the same object: Accelerate's checkpoints are unchanged)
         inner = getattr(self.optimizer, "optimizer", None)
-        plain = self.accelerator.scaler is None and self.accelerator.distributed_type.value != "XLA"
-        self._stepper = inner if inner is not None and plain else self.optimizer
+        if inner is not None and self.accelerator.scaler is None and self.accelerator.distributed_type.value != "XLA":
+            self.optimizer = inner
         self.lr_schedule = WarmupCosine(cfg.optim.lr, cfg.optim.warmup_steps, t.steps, cfg.optim.min_lr_ratio)
         self.accelerator.register_for_checkpointing(self.state)
         for tech in self.techniques:
@@ -381,8 +381,8 @@ class Trainer:
             lr *= tech.lr_factor(st)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        self._stepper.step()
-        self._stepper.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # skipped blocks keep grad None: no AdamW update
         # counters (all processes: this rank's work x world size; plans are identical across ranks)
         world, task = self.dp[0], self.task
         step_flops = world * sum(task.micro_flops(p) for p in plans)
