@@ -41,6 +41,16 @@ The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 toke
   long_timing        seconds per step of every arm of that config, paired and interleaved on one core (as
                      tutorial_timing): the wall-time ratios that do not depend on what else ran on the machine
 
+The papers' regime (configs/overtrained.yaml: 6 blocks x width 16 at 849 tokens per parameter of fresh text;
+benchmarks/overtrained.py says why and how):
+  ot_lr_sweep        its peak LR at that horizon, 3 seeds, the ladder extended until the best LR is interior
+  ot_flops           every arm at the baseline's FLOPs, 5 seeds, with the plain models of the same family
+                     (overtrained.PROFILE) trained to the same FLOPs: the IsoFLOP profile that shows the baseline
+                     is past its compute-optimum, the same-size gap and the bracketed frontier
+  ot_short           the same config at 50 tokens per parameter (every schedule scaled with the run), 5 seeds
+  long_short         configs/fixed_size_long.yaml at 1.8 tokens per parameter (the tutorial's), 5 seeds: regime
+                     apart from width
+
 The compute-optimal picture (benchmarks/isoflop.py; notebooks 00 and 09):
   isoflop            IsoFLOP profiles: one-block plain models of widths 16-128 trained to each of four budgets
                      spanning 10x (the scale trend's baselines, the tutorial budget among them), 3 seeds, with
@@ -70,6 +80,7 @@ from accellib.drivers.arms import DENSE, arm_configs, check_data, dense_arms, is
 from accellib.core.records import environment, read_metrics, write_json  # noqa: E402
 from accellib.core.options import ConfigError  # noqa: E402
 import isoflop  # noqa: E402  (benchmarks/isoflop.py)
+import overtrained  # noqa: E402  (benchmarks/overtrained.py)
 
 CONFIG = ROOT / "configs" / "tutorial.yaml"
 OUROBOROS_CONFIG = ROOT / "configs" / "ouroboros.yaml"
@@ -209,7 +220,8 @@ def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
     return out
 
 
-CONFIG_OF = {"long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
+CONFIG_OF = {"ot_lr_sweep": "overtrained.yaml", "ot_flops": "overtrained.yaml", "ot_short": "overtrained.yaml",
+             "long_short": "fixed_size_long.yaml", "long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
              "long_flops_lr": "fixed_size_long.yaml",
              "tutorial_ouroboros": "ouroboros.yaml", "tutorial_ouroboros_lr": "ouroboros_lr.yaml"}
 
@@ -281,8 +293,26 @@ def main() -> int:
         return tune(LONG_CONFIG, runs / "long_lr_sweep", (2e-3, 1e-2) if args.quick else LONG_LR_GRID, LONG_WARMUPS,
                     lambda cfg, arms: compare(cfg, runs / "long_lr_sweep", arms, "steps", seeds, extra, args.jobs),
                     rounds=1 if args.quick else 6)
+    def ot_sweep():
+        from lr_tune import tune
+        out = runs / "ot_lr_sweep"
+        return tune(overtrained.CONFIG, out, (0.01, 0.02) if args.quick else overtrained.LR_GRID, (),
+                    lambda cfg, arms: compare(cfg, out, arms, "steps", seeds, extra, args.jobs),
+                    rounds=1 if args.quick else 6)
+
+    def generated(name: str, made: tuple[Path, list[str]], budget: str = "flops") -> dict:
+        """A comparison over a YAML this script wrote (beside its folder), stored in the record."""
+        cfg, arms_ = made
+        return dict(compare(cfg, runs / name, arms_, budget, headline, extra, args.jobs),
+                    generated_config=yaml.safe_load(cfg.read_text()))
     long_arms = list(yaml.safe_load(LONG_CONFIG.read_text())["arms"])
     experiments = {
+        "ot_lr_sweep": ot_sweep,
+        "ot_flops": lambda: generated("ot_flops", overtrained.flops_yaml(runs / "ot_flops")),
+        "ot_short": lambda: generated("ot_short", overtrained.short_yaml(
+            overtrained.CONFIG, runs / "ot_short", overtrained.SHORT_TOKENS_PER_PARAM)),
+        "long_short": lambda: generated("long_short", overtrained.short_yaml(
+            LONG_CONFIG, runs / "long_short", overtrained.LONG_SHORT_TOKENS_PER_PARAM)),
         "long_lr_sweep": long_sweep,
         "long_flops": lambda: compare(LONG_CONFIG, runs / "long_flops", long_arms + list(LONG_DENSE), "flops",
                                       headline, extra, args.jobs),
@@ -307,7 +337,8 @@ def main() -> int:
                                                  list(yaml.safe_load(OUROBOROS_LR_CONFIG.read_text())["arms"]),
                                                  "steps", seeds, extra, args.jobs),
     }
-    configs = {"long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
+    configs = {"ot_lr_sweep": overtrained.CONFIG, "ot_flops": overtrained.CONFIG, "ot_short": overtrained.CONFIG,
+               "long_short": LONG_CONFIG, "long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
                "long_flops_lr": LONG_CONFIG,
                "tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)
                "tutorial_ouroboros_lr": OUROBOROS_LR_CONFIG}

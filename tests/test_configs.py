@@ -22,6 +22,7 @@ GPU_SCALE = {  # config -> the prepare_hf.py --dataset it trains on (all with th
 }
 IMAGE = {"digits_cnn": "digits", "digits_cnn_sl": "digits", "mnist_cnn": "mnist", "cifar10_vit_sl": "cifar10"}
 IMAGE_GPU = {"cifar10_vit_sl"}
+FRESH_TEXT = {"overtrained": "debian_docs"}   # data_scripts/prepare_debian_docs.py: the over-trained regime's corpus
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -36,6 +37,9 @@ def test_config_loads(path):
     elif path.stem in IMAGE:
         assert Path(cfg.data.path).name == IMAGE[path.stem]
         assert cfg.train.device == ("cuda" if path.stem in IMAGE_GPU else "auto")
+    elif path.stem in FRESH_TEXT:
+        assert cfg.train.device == "auto" and Path(cfg.data.path).name == FRESH_TEXT[path.stem]
+        assert cfg.data.windows == "disjoint"   # fresh data: no window read twice
     else:
         assert cfg.train.device == "auto" and Path(cfg.data.path).name == "shakespeare"
 

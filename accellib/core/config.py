@@ -24,6 +24,10 @@ from .options import ConfigError, opt
 @dataclass
 class DataConfig:
     path: str = opt("data/shakespeare", "token-data folder written by data_scripts/")
+    windows: str = opt("random", "how training windows are drawn: random = uniform start positions (windows overlap "
+                       "and repeat); disjoint = a seeded order of non-overlapping windows, none read twice until the "
+                       "split has been read once (fresh data; the over-trained experiment's corpus)",
+                       choices=["random", "disjoint"])
     mlm_prob: float = opt(0.15, "masking probability for model.kind=mlm", min=0.01, max=0.9)
     verify: str = opt("cached", "checksums of the token files at start: cached = hash a file once, then trust it while "
                       "its size, mtime, inode and ctime are unchanged; full = hash every file at every start", choices=["cached", "full"], resume=True)

@@ -30,7 +30,7 @@ import torch.nn.functional as Fn
 
 from ..analysis import flops as F
 from .options import ConfigError
-from ..data.tokens import eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
+from ..data.tokens import disjoint_batch, eval_windows, generator_for, load_token_data, mask_tokens, ngram_references, sample_batch
 from ..models.losses import CHUNK_ELEMENTS
 from ..models.transformer import Plan, Transformer, labelled_positions
 
@@ -50,7 +50,9 @@ class _Task:
             self._data = self.open(self.cfg.data.path)
         return self._data
 
-    def batch(self, step: int, index: int):
+    def batch(self, step: int, index: int, per_step: int = 1):
+        """Global micro-batch `index` of optimizer step `step`, of `per_step` such micro-batches per step (all
+        ranks): drawn from (seed, step, index) only."""
         return self.sample(generator_for(self.cfg.train.seed, step, index))
 
 
@@ -75,6 +77,8 @@ class LMTask(_Task):
             raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of "
                               f"{self.cfg.data.path} ({d.vocab_size} ids, meta.json); leave it 0 to take "
                               "the data's size")
+        if self.cfg.data.windows == "disjoint" and m.kind != "gpt":
+            raise ConfigError(f"data.windows=disjoint is for model.kind=gpt (got {m.kind}); use data.windows=random")
         if m.kind == "mlm" and d.mask_id is None:
             raise ConfigError(f"model.kind=mlm needs a [MASK] id in {self.cfg.data.path}/meta.json; "
                               "re-run data_scripts/prepare_shakespeare.py --force")
@@ -85,6 +89,13 @@ class LMTask(_Task):
             from ..models.hf_gpt2 import init_from_hf
             init_from_hf(model, self.cfg.model)
         return model
+
+    def batch(self, step: int, index: int, per_step: int = 1):
+        c = self.cfg
+        if c.data.windows == "random":
+            return super().batch(step, index, per_step)
+        B = c.train.batch_size
+        return disjoint_batch(self.data.train, B, c.model.seq_len, c.train.seed, (step * per_step + index) * B)
 
     def sample(self, g: torch.Generator):
         """One micro-batch drawn with `g` (batch() draws with the training stream's generator)."""
@@ -171,6 +182,9 @@ class ImageTask(_Task):
 
     def configure(self) -> None:
         m, d = self.cfg.model, self.data
+        if self.cfg.data.windows != "random":
+            raise ConfigError(f"data.windows={self.cfg.data.windows} is for language models; image tasks draw random "
+                              "images: use data.windows=random")
         if m.kind == "vit":
             if d.image_size % m.patch:
                 raise ConfigError(f"model.patch={m.patch} does not divide the {d.image_size}x{d.image_size} images "

@@ -295,7 +295,7 @@ class Trainer:
         out, (world, rank), dev = [], self.dp, self.accelerator.device
         step += self.data_offset + sum(r["skipped"] for r in self.state.rewinds)  # batches skipped by a rewind
         for m in range(self.cfg.train.grad_accum):
-            x, y = self.task.batch(step, m * world + rank)
+            x, y = self.task.batch(step, m * world + rank, self.cfg.train.grad_accum * world)
             if dev.type == "cuda":  # page-locked host memory: the copy runs asynchronously, beside compute
                 x, y = x.pin_memory(), y.pin_memory()
             out.append((x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)))

@@ -17,6 +17,7 @@ can rebuild from plain integers.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import operator
@@ -294,7 +295,10 @@ def _shared_verdict(check) -> str | None:
 
 
 def _check_len(tokens: np.ndarray, seq_len: int) -> int:
-    n = len(tokens)
+    return _check_len_n(len(tokens), seq_len)
+
+
+def _check_len_n(n: int, seq_len: int) -> int:
     if n < seq_len + 2:
         raise DataError(f"split has {n} tokens but seq_len={seq_len} needs at least {seq_len + 2}: "
                         f"lower seq_len or use a bigger dataset")
@@ -310,6 +314,34 @@ def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
     x = torch.from_numpy(np.stack([tokens[i:i + seq_len] for i in ix]).astype(np.int64))
     y = torch.from_numpy(np.stack([tokens[i + 1:i + 1 + seq_len] for i in ix]).astype(np.int64))
     return x, y
+
+
+_SLOT_TAG = 0x5107   # seed_for(seed, epoch, _SLOT_TAG): the order of one epoch's disjoint windows
+
+
+@functools.lru_cache(maxsize=8)
+def _slot_order(n_slots: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng(seed_for(seed, epoch, _SLOT_TAG)).permutation(n_slots)
+
+
+def disjoint_windows(n_tokens: int, seq_len: int) -> int:
+    """How many disjoint windows of T+1 tokens a split of n tokens holds: window s reads tokens
+    [sT, sT+T+1), so consecutive windows share one token (the last target of one is the first input of the
+    next) and every token is predicted once per epoch."""
+    return (_check_len_n(n_tokens, seq_len) - 1) // seq_len
+
+
+def disjoint_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int,
+                   first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows first .. first+B-1 of the run's reading order (data.windows=disjoint): every epoch is a seeded
+    permutation of the split's disjoint windows, so no token is read twice until all have been read once (fresh
+    data, as in the papers' single pass over a large corpus). The order depends on (seed, epoch) only, so any
+    process or resumed run rebuilds it; window k of a run is window k whatever the micro-batching."""
+    n_slots = disjoint_windows(len(tokens), seq_len)
+    k = np.arange(first, first + batch_size)
+    starts = [int(_slot_order(n_slots, seed, int(e))[p]) * seq_len for e, p in zip(*np.divmod(k, n_slots))]
+    w = np.stack([tokens[i:i + seq_len + 1] for i in starts]).astype(np.int64)
+    return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy())
 
 
 def eval_windows(tokens: np.ndarray, seq_len: int, n: int) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""The papers' regime, measured (issue 44): a fixed-size model trained far past its compute-optimum on fresh data.
+
+configs/overtrained.yaml is a 6-block x width-16 GPT reading 849 tokens per parameter of data/debian_docs in
+disjoint windows (no token read twice). Whether that is past the optimum is not assumed from another paper's
+ratio: `ot_flops` trains plain models of the same family to the baseline's FLOPs (PROFILE: width 16 at 3-24
+blocks, widths 24 and 32), so the budget's IsoFLOP profile shows the compute-optimal size, bracketed, and the
+baseline's distance from it (`accellib.analysis.overtrained`).
+
+    python benchmarks/reproduce.py --only ot_lr_sweep --jobs 2   # the baseline's peak LR at this horizon, 3 seeds
+    python benchmarks/reproduce.py --only ot_flops --jobs 2      # every technique + the profile, 5 seeds, equal FLOPs
+    python benchmarks/reproduce.py --only ot_short,long_short    # the same configs at a short horizon (the gap
+                                                                 # as training gets longer, notebook 00)
+
+The LR rule of the profile (stated once, here): the baseline's tuned peak LR x 16 / d_model (the isoflop
+profiles' 1/width rule, anchored at this config's tuned LR), the same at every depth; warm-up and cosine floor as
+the baseline. Not tuned per arm: a larger model held back by its LR makes the over-training claim conservative
+(the optimum reads smaller, the baseline's distance from it shorter).
+
+Short horizons (`at_horizon`): the config with train.steps scaled and every schedule scaled with it, as fractions
+of the run: warm-up, evaluation, logging and checkpoint spacing, PLD/SBLD's gamma (a rate), SBLD's profile step,
+random-LTD's ramp and the V-cycle's re-warm-up. The peak LR is the long run's: the points of one family differ
+in their horizon only (notebook 00 names what else differs between families).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "overtrained.yaml"
+LONG_CONFIG = ROOT / "configs" / "fixed_size_long.yaml"
+BASE_WIDTH = 16
+# the plain models of the profile: (blocks, width); the baseline is (6, 16)
+PROFILE = ((3, 16), (12, 16), (24, 16), (6, 24), (12, 24), (6, 32), (12, 32))
+LR_GRID = (0.01, 0.014, 0.02, 0.0286)   # the sweep's first pass (the ladder grows by x1.43 at an end)
+SHORT_TOKENS_PER_PARAM = 50.0           # ot_short: the near-compute-optimal point of the same family
+LONG_SHORT_TOKENS_PER_PARAM = 1.8       # long_short: the 6 x 24 config at the tutorial's tokens per parameter
+RATE_KEYS = ("gamma",)                              # schedule rates: divided by the horizon's factor
+STEP_KEYS = ("profile_step", "ramp_steps", "rewarm_steps")   # schedule lengths: multiplied by it
+TRAIN_KEYS = ("eval_every", "log_every", "checkpoint_every")
+
+
+def arm_name(blocks: int, width: int) -> str:
+    return f"dense-L{blocks}" + ("" if width == BASE_WIDTH else f"-d{width}")
+
+
+def profile_arms(raw: dict) -> dict:
+    """{dense arm: its overrides}: the model's shape and, for another width, the rule's peak LR."""
+    lr = float(raw["optim"]["lr"])
+    out = {}
+    for blocks, width in PROFILE:
+        over = {"model": {"n_layer": blocks, "d_model": width}}
+        if width != BASE_WIDTH:
+            over["optim"] = {"lr": float(f"{lr * BASE_WIDTH / width:.6g}")}
+        out[arm_name(blocks, width)] = over
+    return out
+
+
+def write_beside(out: Path, raw: dict) -> Path:
+    """The generated YAML beside the comparison's folder (which holds only accellib's files)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    p = out.parent / f"{out.name}.yaml"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return p
+
+
+def flops_yaml(out: Path) -> tuple[Path, list[str]]:
+    """configs/overtrained.yaml with the profile's plain arms added; the arms in build order (plain first, so the
+    profile, which says whether the regime is the one intended, is complete before the techniques)."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    tech = [a for a in raw["arms"] if a != "baseline"]
+    raw["arms"] = {"baseline": {}, **profile_arms(raw), **{a: raw["arms"][a] for a in tech}}
+    return write_beside(out, raw), list(raw["arms"])
+
+
+def at_horizon(raw: dict, steps: int) -> dict:
+    """`raw` (a config's YAML) trained for `steps` optimizer steps, every schedule scaled with the run (see the
+    module docstring); the peak LR is unchanged."""
+    import copy
+    raw = copy.deepcopy(raw)
+    f = steps / raw["train"]["steps"]
+    scale = lambda v: max(1, round(v * f))
+    raw["train"]["steps"] = steps
+    raw["optim"]["warmup_steps"] = scale(raw["optim"]["warmup_steps"])
+    for k in TRAIN_KEYS:
+        if raw["train"].get(k):
+            raw["train"][k] = scale(raw["train"][k])
+    for arm in raw["arms"].values():
+        for section in (arm or {}).values():
+            for k, v in list(section.items()):
+                if k in RATE_KEYS:
+                    section[k] = float(f"{v / f:.6g}")
+                elif k in STEP_KEYS and v > 0:
+                    section[k] = scale(v)
+    return raw
+
+
+def short_yaml(config: Path, out: Path, tokens_per_param: float) -> tuple[Path, list[str]]:
+    """`config` at the horizon where its baseline reads `tokens_per_param` tokens per parameter (all of them)."""
+    from accellib.analysis.regime import params_of
+    from accellib.drivers.arms import arm_configs, check_data
+    cfg = arm_configs(config, ["baseline"], [])["baseline"]
+    check_data({"baseline": cfg})
+    per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+    steps = max(1, round(tokens_per_param * params_of(cfg) / per_step))
+    raw = at_horizon(yaml.safe_load(config.read_text()), steps)
+    return write_beside(out, raw), list(raw["arms"])
