@@ -36,3 +36,44 @@ def regime(tokens: float, params: float, train_tokens: float) -> dict:
     tpp = tokens_per_param(tokens, params)
     return dict(params=int(params), tokens=int(tokens), tokens_per_param=tpp, epochs=tokens / train_tokens,
                 vs_compute_optimal=tpp / CHINCHILLA_TOKENS_PER_PARAM)
+
+
+def past_optimum(res: dict) -> dict:
+    """How far past its compute-optimum an equal-FLOPs experiment's baseline is trained, read from its own IsoFLOP
+    profile (the plain arms of the same family trained to the baseline's FLOPs; `reproduce.py` records `regime`
+    and the frontier): {optimum: the frontier's arm (best plain arm, leave-one-seed-out), bracketed: whether a
+    smaller and a larger plain arm were measured around it, optimum_tokens_per_param: its tokens per parameter,
+    baseline_tokens_per_param, times: the baseline's over the optimum's (>= 5: the papers' regime, issue 44),
+    larger_wins: the optimum has more parameters than the baseline and beats it at equal FLOPs by the paired rule
+    (`vs_baseline` verdict "wins"), gap: that paired record}. Per-seed picks that differ are all listed."""
+    summ, reg = res["summary"], res["regime"]
+    front = summ.get("frontier") or {}
+    picks = sorted(set(front.get("per_seed", {}).values()))
+    if not picks:
+        raise ValueError(f"{res.get('name', 'this experiment')} trained no plain arms of other sizes: it has no "
+                         "IsoFLOP profile to place its baseline against")
+    rows = {r["arm"]: r for r in summ["rows"]}
+    best = min(picks, key=lambda a: rows[a]["val_loss"])
+    base = reg["baseline"]["tokens_per_param"]
+    gap = rows[best].get("vs_baseline")
+    return dict(optimum=best, picks=picks, bracketed=front.get("bracketed"),
+                optimum_params=reg[best]["params"], baseline_params=reg["baseline"]["params"],
+                optimum_tokens_per_param=reg[best]["tokens_per_param"], baseline_tokens_per_param=base,
+                times=base / reg[best]["tokens_per_param"],
+                larger_wins=reg[best]["params"] > reg["baseline"]["params"] and (gap or {}).get("verdict") == "wins",
+                gap=gap)
+
+
+def gaps_by_length(results: dict[str, dict], arms: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Each arm's same-size gap at equal FLOPs (`vs_baseline`, the paired rule) against how long its baseline
+    trained: {arm: [{experiment, tokens_per_param (the baseline's), params, gap}]}, in increasing tokens per
+    parameter, over the equal-FLOPs experiments `results` ({name: cached record}) that ran the arm."""
+    out = {a: [] for a in arms}
+    for name, res in results.items():
+        rows = {r["arm"]: r for r in res["summary"]["rows"]}
+        g = res["regime"]["baseline"]
+        for a in arms:
+            if a in rows and "vs_baseline" in rows[a]:
+                out[a].append(dict(experiment=name, tokens_per_param=g["tokens_per_param"], params=g["params"],
+                                   gap=rows[a]["vs_baseline"]))
+    return {a: sorted(v, key=lambda p: p["tokens_per_param"]) for a, v in out.items()}

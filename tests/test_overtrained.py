@@ -1,0 +1,71 @@
+"""The over-trained regime's machinery (issue 44): short horizons with every schedule scaled, and where a baseline
+stands against its own IsoFLOP profile."""
+import copy
+import sys
+
+import pytest
+import yaml
+
+from accellib import REPO_ROOT
+from accellib.analysis.regime import gaps_by_length, past_optimum
+from accellib.analysis.results import load_result
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import overtrained  # noqa: E402  (benchmarks/overtrained.py)
+
+
+def test_at_horizon_scales_every_schedule_with_the_run():
+    raw = yaml.safe_load(overtrained.CONFIG.read_text())
+    short = overtrained.at_horizon(raw, 1200)            # a tenth of the run
+    assert short["train"]["steps"] == 1200 and short["optim"]["warmup_steps"] == 12
+    assert short["train"]["eval_every"] == 24 and short["optim"]["lr"] == raw["optim"]["lr"]
+    for arm in ("pld", "sbld"):
+        assert short["arms"][arm][arm]["gamma"] == pytest.approx(raw["arms"][arm][arm]["gamma"] * 10)
+    assert short["arms"]["sbld"]["sbld"]["profile_step"] == 120
+    assert short["arms"]["multilevel"]["multilevel"]["rewarm_steps"] == 20
+    assert short["arms"]["multilevel"]["multilevel"]["warm_frac"] == raw["arms"]["multilevel"]["multilevel"]["warm_frac"]
+    assert raw == yaml.safe_load(overtrained.CONFIG.read_text())   # the input is not changed
+
+
+def test_short_yaml_reads_the_asked_tokens_per_parameter(tmp_path):
+    path, arms = overtrained.short_yaml(overtrained.LONG_CONFIG, tmp_path / "long_short", 1.8)
+    raw = yaml.safe_load(path.read_text())
+    assert path.parent == tmp_path and arms == list(yaml.safe_load(overtrained.LONG_CONFIG.read_text())["arms"])
+    tokens = raw["train"]["steps"] * raw["train"]["batch_size"] * raw["model"]["seq_len"]
+    assert tokens / 57264 == pytest.approx(1.8, rel=0.02)          # 6 x 24: 57,264 parameters
+
+
+def test_profile_arms_follow_the_width_rule():
+    raw = yaml.safe_load(overtrained.CONFIG.read_text())
+    arms = overtrained.profile_arms(raw)
+    assert arms["dense-L12"] == {"model": {"n_layer": 12, "d_model": 16}}          # the baseline's width: its LR
+    assert arms["dense-L6-d32"]["optim"]["lr"] == pytest.approx(raw["optim"]["lr"] / 2)
+    sizes = {(b, w) for b, w in overtrained.PROFILE}
+    assert any(w == 16 and b < 6 for b, w in sizes) and any(w == 16 and b > 6 for b, w in sizes)
+    assert {w for _, w in sizes} >= {16, 24, 32}
+
+
+def test_the_near_optimal_config_is_not_past_its_optimum():
+    # configs/fixed_size_long.yaml at 50 tokens per parameter: its own profile's best is a smaller model (3 blocks)
+    p = past_optimum(load_result("long_flops"))
+    assert p["optimum"] == "dense-L3" and p["bracketed"] and not p["larger_wins"]
+    assert p["times"] < 1 and p["optimum_params"] < p["baseline_params"]
+
+
+def test_past_optimum_needs_a_larger_model_that_wins():
+    res = copy.deepcopy(load_result("long_flops"))
+    reg = res["regime"]
+    reg["dense-L3"]["params"] = 10 * reg["baseline"]["params"]           # pretend the winner were larger
+    reg["dense-L3"]["tokens_per_param"] = reg["baseline"]["tokens_per_param"] / 8
+    p = past_optimum(res)
+    assert p["larger_wins"] and p["times"] == pytest.approx(8)
+    res["summary"]["frontier"] = {}
+    with pytest.raises(ValueError, match="no IsoFLOP profile"):
+        past_optimum(res)
+
+
+def test_gaps_by_length_orders_the_points():
+    res = {n: load_result(n) for n in ("long_flops", "tutorial_flops")}
+    g = gaps_by_length(res, ("pld", "random_ltd"))
+    assert [p["experiment"] for p in g["pld"]] == ["tutorial_flops", "long_flops"]
+    assert g["pld"][0]["tokens_per_param"] < 2 < 50 <= g["pld"][1]["tokens_per_param"]
