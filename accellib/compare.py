@@ -270,11 +270,12 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
         hit_f = [crossing(recs[lb], target[seed_of(lb)], "flops") / bflops for lb in paired] or [math.nan]
         hit_w = [crossing(recs[lb], target[seed_of(lb)], "wall") / bwall for lb in paired] or [math.nan]
         ratios = {}
+        resolution = max(eval_spacing(recs[lb]) for lb in labels) / bflops   # the sign test's tie, as a budget share
         for x, scale in (("flops", bflops_of), ("wall", bwall_of)):
             hits = [crossing(recs[lb], target[seed_of(lb)], x) / scale[seed_of(lb)] for lb in paired]
             budgets = [(results[lb][x] if x in results[lb] else math.nan) / scale[seed_of(lb)] for lb in paired]
             if paired:
-                ratios[x] = to_target(hits, budgets, what=f"arm {arm} time to target ({x})",
+                ratios[x] = to_target(hits, budgets, tie=resolution, what=f"arm {arm} time to target ({x})",
                                       seeds=[seed_of(lb) for lb in paired]).to_dict()
         loss, loss_sd = mean_sd([results[lb]["val_loss"] for lb in labels])
         wall, wall_sd = mean_sd([results[lb]["wall"] for lb in labels])
@@ -289,7 +290,7 @@ def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
                          tok_per_s=statistics.fmean(results[lb]["tokens"] / max(results[lb]["wall"], 1e-9) for lb in labels),
                          reached=sum(math.isfinite(h) for h in hit_f),
                          to_target_flops=statistics.median(hit_f), to_target_wall=statistics.median(hit_w),
-                         to_target=ratios, to_target_resolution=max(eval_spacing(recs[lb]) for lb in labels) / bflops,
+                         to_target=ratios, to_target_resolution=resolution,
                          params=_params(out / labels[0])))
     order = lambda r: (r["arm"] != base, is_dense(r["arm"]), int(DENSE.match(r["arm"]).group(1)) if is_dense(r["arm"]) else 0)
     return sorted(rows, key=order)
