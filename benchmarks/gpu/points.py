@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from fractions import Fraction
 
+from accellib.course.gpu_cell import realized  # noqa: F401  (shared with the notebooks' GPU cell)
+
 from .base import Skip
 from .timing import graphs, time_trainer
 
@@ -52,16 +54,6 @@ def point_specs(S: int) -> dict[str, dict]:
         "--standardization_loss.enabled=true", "--standardization_loss.weight=1e-4"])
     out["lowp_fp8"] = dict(tech="lowp_fp8", x=None, over=["--lowp.enabled=true", "--lowp.backend=torchao"])
     return out
-
-
-def realized(p: dict, base: dict) -> dict | None:
-    """Time saving over FLOPs saving per step against the baseline point, and the plain speed-up."""
-    if not (p.get("mean_step_s") and base.get("mean_step_s") and p.get("flops_per_step") and base.get("flops_per_step")):
-        return None
-    f_saving = 1 - p["flops_per_step"] / base["flops_per_step"]
-    t_saving = 1 - p["mean_step_s"] / base["mean_step_s"]
-    return dict(speedup=round(base["mean_step_s"] / p["mean_step_s"], 4), flops_saving=round(f_saving, 4),
-                time_saving=round(t_saving, 4), realized=round(t_saving / f_saving, 4) if f_saving > 1e-6 else None)
 
 
 def _steps(c) -> tuple[int, int, int]:

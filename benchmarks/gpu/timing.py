@@ -8,33 +8,7 @@ import statistics
 import time
 import warnings
 
-
-def graphs() -> int:
-    from torch._dynamo.utils import counters
-    return counters["stats"]["unique_graphs"]
-
-
-class StepTimer:
-    """Marks around steps: CUDA events on a GPU (read once, after one synchronize at the end), perf_counter on a
-    CPU. `seconds()` gives each interval."""
-
-    def __init__(self, device):
-        import torch
-        self.torch, self.cuda, self.marks = torch, device.type == "cuda", []
-
-    def mark(self) -> None:
-        if self.cuda:
-            e = self.torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.marks.append(e)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def seconds(self) -> list[float]:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+from accellib.course.gpu_cell import StepTimer, graphs  # noqa: F401  (shared with the notebooks' GPU cell)
 
 
 def count_syncs(c, step, n: int) -> dict:

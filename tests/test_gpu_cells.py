@@ -1,0 +1,79 @@
+"""The technique notebooks' GPU cell (accellib/course/gpu_cell.py, issue 45): its code path on the CPU with a tiny
+config (the device forced to the CPU, a few steps), the realized speed-up, what it prints without CUDA (read from
+the committed GPU record), and that the benchmarks time with the same code."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from accellib.course import gpu_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model.n_layer=2", "--model.d_model=32", "--model.n_head=2", "--model.seq_len=32", "--train.batch_size=4",
+        "--train.threads=1"]
+
+
+def printed(fn, *a, **k):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        out = fn(*a, **k)
+    return out, buf.getvalue()
+
+
+def test_gpu_speed_runs_on_the_cpu_and_measures_every_arm():
+    arms = {"baseline": [], "pld@0.5": ["--pld.enabled=true", "--pld.theta_bar=0.5", "--pld.gamma=1000"],
+            "layered": ["--layered_accumulation.enabled=true", "--train.grad_accum=2"],
+            "standard": ["--layered_accumulation.enabled=true", "--layered_accumulation.order=standard",
+                         "--train.grad_accum=2"]}
+    res = gpu_cell.gpu_speed("configs/tiny.yaml", arms, base={"pld@0.5": "baseline", "layered": "standard"},
+                             warmup=1, steps=3, device="cpu", scale=TINY)
+    assert res["device"] == "cpu" and "perf_counter" in res["timer"] and list(res["arms"]) == list(arms)
+    for name, r in res["arms"].items():
+        assert r["timed_steps"] == 3 and len(r["step_s"]) == 3 and r["warmup_steps"] == 1, name
+        assert r["tok_per_s"] > 0 and r["mean_step_s"] > 0 and r["flops_per_step"] > 0, name
+        assert r["tok_per_s"] == pytest.approx(r["tokens_per_step"] / r["mean_step_s"], rel=1e-3), name
+        assert r["precision"] == "fp32" and r["overrides"] == arms[name]
+    assert res["arms"]["layered"]["tokens_per_step"] == 2 * res["arms"]["baseline"]["tokens_per_step"]   # grad_accum 2
+    # PLD saves FLOPs: the realized speed-up; layered vs standard order: the same FLOPs, the plain time ratio
+    pld, lay = res["vs"]["pld@0.5"], res["vs"]["layered"]
+    assert pld["base"] == "baseline" and pld["flops_saving"] > 0.1 and pld["realized"] is not None
+    assert lay["base"] == "standard" and abs(lay["flops_saving"]) < 1e-6 and lay["realized"] is None
+    assert set(res["vs"]) == {"pld@0.5", "layered"}
+    _, text = printed(gpu_cell.show, res)
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(arms) and "tok/s" in lines[1]
+    assert "realized speed-up" in lines[2] and "the time ratio" in lines[3]
+
+
+def test_realized_speedup_is_time_saving_over_flops_saving():
+    r = gpu_cell.realized(dict(mean_step_s=0.8, flops_per_step=75.0), dict(mean_step_s=1.0, flops_per_step=100.0))
+    assert r == dict(speedup=1.25, flops_saving=0.25, time_saving=0.2, realized=0.8)
+    same = gpu_cell.realized(dict(mean_step_s=1.25, flops_per_step=100.0), dict(mean_step_s=1.0, flops_per_step=100.0))
+    assert same["realized"] is None and same["speedup"] == 0.8
+    assert gpu_cell.realized({}, dict(mean_step_s=1.0)) is None
+
+
+def test_without_cuda_the_cell_quotes_the_committed_record(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rec = json.loads((ROOT / gpu_cell.RECORD).read_text())
+    _, text = printed(gpu_cell.run, "SL's overhead", "configs/tutorial.yaml", {"a": [], "b": []},
+                      record="standardization_loss", notebook="08")
+    ratio = rec["arms"]["standardization_loss"]["tok_per_s"] / rec["arms"]["baseline"]["tok_per_s"]
+    assert text.count("\n") == 2 and text.startswith("No CUDA device here") and gpu_cell.RECORD in text
+    assert f"{ratio:.2f}x its speed" in text and f"{rec['arms']['baseline']['tok_per_s']:,.0f}" in text
+    _, text = printed(gpu_cell.run, "x", "configs/tutorial.yaml", {"a": []}, record="ouroboros", notebook="06")
+    nb = json.loads((ROOT / gpu_cell.NOTEBOOKS_RECORD).read_text())["notebooks"]["06_ouroboros.ipynb"]
+    assert "has no ouroboros point" in text and f"{nb['seconds']:.0f} s" in text and gpu_cell.NOTEBOOKS_RECORD in text
+
+
+def test_the_gpu_check_times_with_the_same_code():
+    # benchmarks/gpu imports StepTimer, graphs and realized from accellib (one copy, no duplicate)
+    for f, names in (("timing.py", ("StepTimer", "graphs")), ("points.py", ("realized",))):
+        src = (ROOT / "benchmarks" / "gpu" / f).read_text()
+        assert "from accellib.course.gpu_cell import" in src, f
+        assert not any(f"def {n}(" in src or f"class {n}" in src for n in names), f
