@@ -16,7 +16,7 @@ DIGITS := data/digits/meta.json
 # 2 cores: one torch thread per process keeps parallel test workers from oversubscribing
 TEST_ENV := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
 
-.PHONY: quickstart test install data notebooks results clean gpu-image-check
+.PHONY: quickstart test install data data-docs notebooks results clean gpu-image-check
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -31,6 +31,11 @@ $(DATA): | $(VENV)/.installed
 	$(PY) data_scripts/prepare_shakespeare.py
 $(DIGITS): | $(VENV)/.installed
 	$(PY) data_scripts/prepare_digits.py
+
+# A second corpus, >= 100M byte tokens of English documentation from pinned Debian 12 packages (apt-get download,
+# about 90 MB; or built offline from data/raw/debian_docs.txt.xz): docs/data_and_layout.md. Not part of data or test.
+data-docs: | $(VENV)/.installed
+	$(PY) data_scripts/prepare_debian_docs.py
 
 quickstart: install data
 	$(PY) -m accellib.compare --config configs/tutorial.yaml --out runs/quickstart --overwrite
