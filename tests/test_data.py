@@ -245,6 +245,7 @@ def test_fix_command_rebuilds_the_folder_it_names(tmp_path):
         "run `python data_scripts/prepare_shakespeare.py --tokenizer bpe --vocab-size 512 --force`"
     assert prepare_hint(ROOT / "data" / "openwebtext_gpt2", force=False) == \
         "run `python data_scripts/prepare_hf.py --dataset openwebtext --tokenizer gpt2`"
+    assert prepare_hint(ROOT / "data" / "debian_docs", force=False) == "run `python data_scripts/prepare_debian_docs.py`"
 
 
 def test_unknown_folder_is_not_told_to_hold_shakespeare(tmp_path):

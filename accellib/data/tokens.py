@@ -59,6 +59,8 @@ def _default_command(name: str) -> str | None:
     """The data_scripts command whose default output folder is data/<name>, or None."""
     if m := re.fullmatch(r"shakespeare(?:_bpe(\d+))?", name):
         return "python data_scripts/prepare_shakespeare.py" + (f" --tokenizer bpe --vocab-size {m[1]}" if m[1] else "")
+    if name == "debian_docs":
+        return "python data_scripts/prepare_debian_docs.py"
     if m := re.fullmatch(r"(wikitext-103|openwebtext)_(?:(byte|gpt2)|bpe(\d+))", name):
         tok = m[2] or f"bpe --vocab-size {m[3]}"
         return f"python data_scripts/prepare_hf.py --dataset {m[1]} --tokenizer {tok}"
