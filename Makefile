@@ -48,9 +48,10 @@ test: install data
 # tutorial baseline (with the dense frontier: tutorial_flops 52 min, its LR check 20 min, with 2 jobs on a busy
 # 2-core machine; tutorial_frontier, the plain models that bracket its minimum, 44 min with 1 job), the papers'
 # regime (configs/fixed_size_long.yaml: long_lr_sweep 50 min, long_flops 65 min (52 + 13 for the two smallest plain arms), long_timing
-# 0.2 min, 2 jobs on a shared 2-core machine) and the Ouroboros arms (configs/ouroboros.yaml);
+# 0.2 min, 2 jobs on a shared 2-core machine), the over-trained regime (configs/overtrained.yaml, on data-docs'
+# corpus: benchmarks/overtrained.py) and the Ouroboros arms (configs/ouroboros.yaml);
 # benchmarks/reproduce.py --jobs N uses N cores, and every experiment resumes where it stopped
-results: install data
+results: install data data-docs
 	$(PY) benchmarks/reproduce.py
 
 # Re-execute every notebook in place so stored outputs are the CI-scale outputs nbval checks.
