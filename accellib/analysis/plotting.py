@@ -156,3 +156,36 @@ def save_fig(fig, path: str | Path) -> None:
     import matplotlib.pyplot as plt
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
+
+
+def plot_gaps_by_length(points: dict[str, list[dict]], families: dict[str, str] | None = None, title=None):
+    """Each technique's same-size gap at equal FLOPs (mean and 95% interval, paired by seed) against its baseline's
+    tokens per parameter (log axis), one panel per technique: does the gap shrink, cross zero or grow as the model
+    is trained longer? `points` is `analysis.regime.gaps_by_length`'s; `families` = {experiment: label} marks which
+    points share a model family (width, heads, LR rule), drawn with one marker each and joined by a line."""
+    import matplotlib.pyplot as plt
+    arms = [a for a, v in points.items() if v]
+    fig, axes = plt.subplots(1, len(arms), figsize=(2.6 * len(arms), 2.8), sharey=True, squeeze=False)
+    fams = families or {}
+    marks = dict(zip(dict.fromkeys(fams.values()), "osD^v"))
+    for ax, arm in zip(axes[0], arms):
+        for fam in dict.fromkeys(fams.get(p["experiment"], p["experiment"]) for p in points[arm]):
+            pts = [p for p in points[arm] if fams.get(p["experiment"], p["experiment"]) == fam]
+            x = [p["tokens_per_param"] for p in pts]
+            y = [p["gap"]["mean"] for p in pts]
+            err = [[p["gap"]["mean"] - p["gap"]["lo"] for p in pts], [p["gap"]["hi"] - p["gap"]["mean"] for p in pts]]
+            ax.errorbar(x, y, yerr=err, marker=marks.get(fam, "o"), color=arm_color(arm), capsize=3, lw=1,
+                        label=fam, ls="-" if len(pts) > 1 else "none")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlim(1, 3000)
+        ax.set_xticks([1, 10, 100, 1000], ["1", "10", "100", "1000"])
+        ax.minorticks_off()
+        ax.set_title(arm, fontsize=9)
+        ax.set_xlabel("tokens per parameter")
+    axes[0][0].set_ylabel("gap to same-size baseline (nats)\n< 0: the technique is better")
+    axes[0][-1].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
