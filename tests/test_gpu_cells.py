@@ -77,3 +77,27 @@ def test_the_gpu_check_times_with_the_same_code():
         src = (ROOT / "benchmarks" / "gpu" / f).read_text()
         assert "from accellib.course.gpu_cell import" in src, f
         assert not any(f"def {n}(" in src or f"class {n}" in src for n in names), f
+
+
+TECHNIQUE_NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("0[5-8]_*.ipynb"))]
+
+
+@pytest.mark.parametrize("nb", TECHNIQUE_NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_each_notebook_has_one_gpu_cell_that_without_cuda_says_so(nb, monkeypatch):
+    """One code cell starting '# GPU:', with one markdown line above it saying what it measures; the notebook as
+    committed (executed without CUDA) shows its message, and run alone without CUDA it prints the same two lines."""
+    import torch
+    cells = json.loads(nb.read_text())["cells"]
+    gpu = [k for k, c in enumerate(cells) if c["cell_type"] == "code" and "".join(c["source"]).startswith("# GPU:")]
+    assert len(gpu) == 1, f"{nb.name}: {len(gpu)} GPU cells"
+    cell, above = cells[gpu[0]], cells[gpu[0] - 1]
+    src = "".join(cell["source"])
+    assert "gpu_cell" in src and "NBVAL_IGNORE_OUTPUT" not in src         # its no-CUDA message is compared by nbval
+    assert above["cell_type"] == "markdown" and "\n" not in "".join(above["source"]).strip()
+    stored = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    assert stored.startswith("No CUDA device here") and stored.count("\n") == 2 and gpu_cell.RECORD in stored
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _, text = printed(exec, compile(src, nb.name, "exec"), {"__name__": "__gpu_cell__"})
+    assert text == stored
+    gpu_cells = [k for k, c in enumerate(cells) if c["cell_type"] == "code" and "gpu_cell" in "".join(c["source"])]
+    assert gpu_cells == gpu                                                # the GPU runs stay in their one cell

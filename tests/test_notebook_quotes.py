@@ -1,0 +1,220 @@
+"""The numbers notebooks 05-08 quote, kept true here rather than by asserts in the notebooks (issue 45: a student
+reads the asserts that carry a verdict; the pins of printed numbers live in this test).
+
+Each row names a cell whose output nbval compares (no NBVAL_IGNORE_OUTPUT), a fragment that cell prints, and the
+fragment of the notebook's text that quotes it: re-executing a notebook after a change that moves a quoted number
+fails here until the text follows. The notebooks also end with a five-line summary, and their "When would you use
+it?" boxes say only what applies."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[5-8]_*.ipynb")}
+
+# notebook -> [(cell id, printed fragment, the text's fragment or None)]
+QUOTES = {
+    "05": [
+        ("a8266985", "(0.38x the standard order's exposure)", "layered order exposes **0.38×** the standard order's"),
+        ("c93d0923", "gpipe 4 1  4   0.840        0.750         46.8", "GPipe 46.8 ms at $m=4$"),
+        ("c93d0923", "gpipe 4 1  8   0.454        0.375         92.5", "92.5 ms at $m=8$"),
+        ("c93d0923", "looped_bfs 4 2  4   0.488        0.375         53.8       0.398", "53.8–64.5 ms"),
+        ("c93d0923", "interleaved_1f1b 4 2  4   0.485        0.375         64.5", None),
+        ("c93d0923", "interleaved_1f1b 4 2  8   0.301        0.188        131.0", "131.0–165.5 ms"),
+        ("c93d0923", "looped_bfs 4 2  8   0.325        0.188        165.5", None),
+        ("nb05-combo-code", "looped_bfs       after_step     3182      3084        3084  +3.2%       1045",
+         "cuts the step from 3182 to 2480 ms and the exposed\ncommunication from 1045 to 324 ms"),
+        ("nb05-combo-code", "looped_bfs       per_stage      2480      2364        2301  +4.9%        324", None),
+        ("nb05-combo-code", "interleaved_1f1b per_stage      2685      2604           —  +3.1%        546", "(546 ms exposed)"),
+        ("nb05-combo-code", "looped_bfs per_stage: 7.8% above the planner's closed form", "is 7.8% above the planner's closed form"),
+        ("e227305b", "-> 0.043 s = 28% of the earlier step", "adds 28% / 19% / 9% of their step"),
+        ("e227305b", "-> 0.268 s = 19% of the earlier step", "19% at $10^{11}$"),
+        ("e227305b", "-> 1.299 s = 9% of the earlier step", None),
+        ("e227305b", "1e+10: 0.54 / 1.00 / 1.00", "With the half point at $2^{16}$ the ratio is 0.54 again"),
+        ("e227305b", "1e+10 n_t 8: 0.89", "which gives 0.89 η"),
+        ("41f05df8", "none (earlier model) 0.52 [ 7224 -> 14448;    291 ->    305]  0.51 [15312 -> 30624;   6491 ->   6622]  0.15",
+         "earlier cost model 0.52 / 0.51 / 0.15"),
+        ("41f05df8", "p2p overlapped       0.78 [ 7224 ->  9632;    291 ->    304]  0.75", "leaves 0.78 and 0.75"),
+        ("41f05df8", "ZeRO-3 gathers       0.71 [ 7224 ->  9632;    319 ->    300]  0.47 [15312 -> 30624;   7220 ->   6763]  0.45",
+         "at $10^{11}$ and $10^{12}$ (0.47 and 0.45)"),
+        ("41f05df8", "all (default)        1.00 [ 7224 ->  7224;    305 ->    305]  1.00 [15312 -> 15312;   6574 ->   6574]  0.16 [10752 -> 64896",
+         "ZeRO-1 gives 1.00 / 1.00 / 0.16"),
+        ("41f05df8", "all (default)        0.81 [ 3608 ->  4816;    295 ->    321]  1.00 [15312 -> 15312;   7264 ->   7264]  0.50",
+         "ZeRO-3 gives 0.81 / 1.00 / 0.50"),
+        ("41f05df8", "all, p2p overlapped  1.00 [ 7224 ->  7224;    305 ->    305]  0.78", "0.78 with\noverlapped sends"),
+        ("41f05df8", "all, p2p split       1.00 [ 7224 ->  7224;    305 ->    305]  0.53", "0.53 when the tensor ranks split each message"),
+        ("41f05df8", "all, p2p split       0.80 [ 3608 ->  4816;    295 ->    313]  0.50", "(0.50 under ZeRO-3)"),
+        ("ddd8486b", "none (earlier model)   1e+10  1.00 (1.0x GPUs)  0.62 (1.3x GPUs)  0.52 (2.0x GPUs)  0.76 (1.3x GPUs)",
+         "0.62 / 0.59 at 50%, 0.52 / 0.51 at 80%, 0.76 / 0.51 at 90%"),
+        ("ddd8486b", "none (earlier model)   1e+11  0.98 (0.5x GPUs)  0.59 (1.3x GPUs)  0.51 (2.0x GPUs)  0.51 (2.0x GPUs)",
+         "no floor gives 1.00 / 0.98"),
+        ("ddd8486b", "all (default)          1e+10  1.00 (1.0x GPUs)  0.85 (1.0x GPUs)", "0.85 / 0.70 at a 50% floor"),
+        ("ddd8486b", "all (default)          1e+11  1.00 (0.5x GPUs)  0.70 (1.3x GPUs)  1.00 (1.0x GPUs)  1.00 (1.0x GPUs)", None),
+        ("ddd8486b", "all, p2p overlapped    1e+10  1.13 (4.0x GPUs)", "13% slower at $10^{10}$"),
+        ("ddd8486b", "all, p2p split         1e+11  0.98 (0.5x GPUs)  0.62 (1.3x GPUs)  0.53 (2.0x GPUs)  1.00 (1.0x GPUs)",
+         "$10^{11}$ keeps 0.53 at 80%"),
+        ("97252db0", "ZeRO-1: ratio 0.150", "gives 0.15 under ZeRO-1 but 0.505 under ZeRO-3"),
+        ("97252db0", "ZeRO-3: ratio 0.505", None),
+        ("97252db0", "baseline: n_p 16, m 96, n_d   84 -> 10752 GPUs, 15.49 days", "10,752 GPUs, 15.5 days"),
+        ("97252db0", "improved: n_p  8, m  8, n_d 1014 -> 64896 GPUs,  2.32 days", "64,896 GPUs, 2.3 days"),
+        ("97252db0", "baseline n_p 8, m 48: model states 63.6 GB", "beside 63.6 GB of model states"),
+        ("97252db0", "baseline n_p 8, m 48: bubble 0.146, useful fraction 0.839, 80.5 GB", "80.5 GB"),
+        ("97252db0", "ZeRO-1 on 160 GB GPUs: ratio 0.148", "stays near 0.15 even on 160 GB GPUs"),
+        ("97252db0", "ZeRO-1 on 600 GB GPUs: ratio 0.505", None),
+        ("90ab808b", "improved, ZeRO-1: 79.6 GB = model states 62.7 + activations and workspace 16.9",
+         "holds 62.7 GB of weights, gradients and sharded optimizer state, plus 16.9 GB"),
+        ("90ab808b", "ZeRO-1, least memory among plans at most 100% slower than the fastest: 48.3 GB", "no lower than\n48.3 GB"),
+        ("90ab808b", "the same plan, ZeRO-3: 17.1 GB, model states 0.25 GB = 0.3% of the GPU", "holds 0.25 GB of states (0.3% of the GPU)"),
+        ("b417841f", "exposed reduction 55.0 vs 143.5 ms = 0.38x the standard order's; activations at m = 16 (175B-like, P = 8): 1.93x",
+         "(1.93× at $m = 16$ for a 175B-like model, planner)"),
+        ("b417841f", "bubble 0.488 vs GPipe 0.840 (closed forms 0.375, 0.750)", "looped BFS **0.488** vs GPipe **0.840**"),
+        ("b417841f", "step 2480 vs 3182 ms = 0.78x", "step **0.78×** the after-step reduction's"),
+        ("b417841f", "earlier model [0.52, 0.51, 0.15], all costs [1.0, 1.0, 0.16]", "**1.00 / 1.00 / 0.16**"),
+    ],
+    "06": [
+        ("4be950b4", " 4  [3, 2, 1, 0]          [1, 2, 2, 1]                3   [0, 1, 2, 0]", "$[1, 2, 2, 1]$ blocks on 3 processes"),
+        ("f4c71081", " 3         2 [1, 3, 2]            18      10     1.80x   9 units (0.90x Ouroboros's speed)", "1.8× on 2 processes ($K=3$)"),
+        ("f4c71081", " 4         3 [1, 2, 2, 1]         18       9     2.00x   6 units (0.67x Ouroboros's speed)", "2× on 3 ($K=4$)"),
+        ("f4c71081", " 5         4 [1, 2, 1, 1, 1]      18       8     2.25x", "2.25× on 4 or 5"),
+        ("26fd0bc7", "module 1: -- -- -- x0 x1 x2 x3 x4", None),
+        ("26fd0bc7", "module 4: x0 x1 x2 x3 x4 x5 x6 x7", None),
+        ("eb427c62", " 2 ouroboros_k2     300        2.6930 ± 0.0427   2.6876, 2.7381, 2.6533   +0.360 [+0.226, +0.494] (n=3): loses",
+         "$K=2$ by +0.36 nats/token [+0.23, +0.49]"),
+        ("eb427c62", " 3 ouroboros_k3     300        2.7947 ± 0.0304   2.7604, 2.8181, 2.8056   +0.462 [+0.353, +0.571] (n=3): loses",
+         "$K=3$ by\n+0.46 [+0.35, +0.57]"),
+        ("eb427c62", " 4 ouroboros_k4     300        2.8990 ± 0.0593   2.9458, 2.9189, 2.8324   +0.566 [+0.417, +0.715] (n=3): loses",
+         "$K=4$ by +0.57 [+0.42, +0.72]"),
+        ("eb427c62", "K=3 - K=2: +0.102 [-0.008, +0.211] (n=3): not resolved at 3 seeds", "reach down to −0.01 and −0.09"),
+        ("eb427c62", "K=4 - K=3: +0.104 [-0.093, +0.301] (n=3): not resolved at 3 seeds", None),
+        ("2f2223c0", "K=2: gap at steps 50/100/300: +0.440/", "(+0.440, +0.575, +0.605\nnats/token for $K = 2, 3, 4$"),
+        ("2f2223c0", "K=3: gap at steps 50/100/300: +0.575/", None),
+        ("2f2223c0", "K=4: gap at steps 50/100/300: +0.605/", None),
+        ("2f2223c0", "K=2: gap at step 300 minus gap at step 50, paired by seed: -0.080", "0.08, 0.11 and 0.04 nats/token"),
+        ("2f2223c0", "K=3: gap at step 300 minus gap at step 50, paired by seed: -0.113 [-0.209, -0.018] (n=3): wins", None),
+        ("2f2223c0", "K=4: gap at step 300 minus gap at step 50, paired by seed: -0.039", None),
+        ("46225c7f", " 2        2.566 ± 0.003   +0.233 [+0.198, +0.268] (n=3): loses", "150-step warm-up, +0.23 nats/token"),
+        ("46225c7f", " 2        2.574 ± 0.013   +0.242", "(+0.24, +0.23 and +0.24 under the three gentler"),
+        ("46225c7f", " 2        2.575 ± 0.002   +0.242", None),
+        ("46225c7f", " 3        2.790 ± 0.010   +0.457", "changes nothing (+0.46, not resolved)"),
+        ("46225c7f", " 3        2.636 ± 0.024   +0.303", "the gap narrows to +0.30, and to +0.29"),
+        ("46225c7f", " 3        2.624 ± 0.008   +0.291", None),
+        ("46225c7f", " 4        2.900 ± 0.023   +0.567", "(+0.57 and +0.61, not resolved)"),
+        ("46225c7f", " 4        2.948 ± 0.039   +0.615", None),
+        ("46225c7f", " 4        2.726 ± 0.013   +0.393", "(+0.57 to +0.39, **wins**)"),
+        ("46225c7f", " 1        2.391 ± 0.006   +0.058", "+0.06, +0.05 and +0.10 nats/token"),
+        ("46225c7f", " 1        2.385 ± 0.011   +0.052", None),
+        ("46225c7f", " 1        2.436 ± 0.005   +0.103", None),
+        ("46225c7f", "+0.140 [+0.124, +0.156] (n=3): loses", "the smallest cost of the\nstaleness is +0.14"),
+        ("8072ef2a", "the best Ouroboros arm: ouroboros_k2@lr0.0035_wu150 (LR 0.0035, warm-up 150), 2.566 nats/token", None),
+        ("8072ef2a", "ouroboros_k2@lr0.0035_wu150 - frontier: +0.755 [+0.737, +0.772] (n=3): loses", "+0.755 nats/token [+0.737, +0.772]"),
+        ("8072ef2a", "tuned baseline - frontier: +0.522 [+0.499, +0.545] (n=3): loses", "the tuned baseline itself (+0.522)"),
+        ("8072ef2a", "steps {'dense-L1': 1466.0}", "1,466 steps"),
+        ("08ce9f11", " 3                1.75x (1.80x)                      0.90x (0.90x)", "1.75× faster than the\nbackward-locked split"),
+        ("08ce9f11", " 4                1.98x (2.00x)                      0.70x (0.67x)", "0.90× and 0.70× its speed"),
+        ("89302983", "measured above ideal: 3.8-9.6%; overhead 12.5-28.1 ms", "3.8–9.6% above its ideal"),
+        ("89302983", " 2              2.693                           75          1.00x                            0.25", "(0.25–0.33, last column)"),
+        ("89302983", " 4              2.899                           50          1.98x                            0.33", None),
+        ("89302983", " 3              2.624                          100          1.75x                            0.58", "in 0.33–0.58 of the time"),
+        ("749c0760", "0 of 36 Ouroboros runs (12 arms x 3 seeds) ever reach their seed's baseline final loss", "none of the 36 runs"),
+        ("749c0760", "in 0.25-0.58 of Ouroboros's measured time", "in 0.25–0.58 of its time"),
+        ("749c0760", "best Ouroboros arm +0.757 [+0.745, +0.770] (n=3): loses; K=3 at the tuned schedule +0.986 [+0.900, +1.072] (n=3): loses",
+         "+0.757 [+0.745, +0.770] to `dense-L1`"),
+    ],
+    "07": [
+        ("c07-08", "(1,6,9) naive: 1024;  (1,6,9) chunks of 64: 2036", "Exactly **1024** $= 2^{m+1}$"),
+        ("c07-24", "most bits needed per pass (naive): {'forward': 3, 'backward': 3, 'weight_grad': 5}; with chunks of 32 / 64: 3 / 3",
+         "**5 bits naive and 3 bits with chunks of 32**"),
+        ("c07-24", "16384 tokens (GPT-2 small's micro-batch): 9 bits naive, 6 with chunks of 64", "9 naive or 6 with chunks at 16,384 tokens"),
+        ("c07-34", "baseline            300        2.4685 ± 0.0115", "baseline ends at 2.4685 ± 0.0115 nats/token"),
+        ("c07-34", "fp8_fp32acc         300        2.4517 ± 0.0118   2.4618, 2.4545, 2.4387   -0.0168 [-0.0240, -0.0097] (n=3): wins",
+         "−0.0168 nats/token [−0.0240, −0.0097]"),
+        ("c07-34", "fp8_naive           300        2.4580 ± 0.0067   2.4585, 2.4644, 2.4510   -0.0105", "(−0.0070 to −0.0105)"),
+        ("c07-34", "fp8_chunk64         300        2.4588 ± 0.0152   2.4589, 2.4740, 2.4437   -0.0097", "2.4588 ± 0.0152"),
+        ("c07-34", "fp8_chunk64_rne     300        2.4615 ± 0.0147   2.4724, 2.4673, 2.4448   -0.0070", "2.4615 ± 0.0147"),
+        ("c07-34", "fp8_naive - fp8_chunk64, paired by seed: -0.0009 [-0.0219, +0.0202] (n=3): not resolved at 3 seeds; per seed -0.0003, -0.0096, +0.0073",
+         "−0.0009 nats/token [−0.0219, +0.0202] paired (per seed\n  −0.0003, −0.0096, +0.0073)"),
+        ("c07-34", "fp8_chunk64_rne - fp8_chunk64, paired by seed: +0.0027 [-0.0226, +0.0279] (n=3): not resolved at 3 seeds; per seed +0.0135, -0.0067, +0.0012",
+         "+0.0027 [−0.0226, +0.0279] (per seed +0.0135,\n  −0.0067, +0.0012)"),
+        ("c07-34", "fp8_fp32acc - baseline, per seed: -0.0185, -0.0135, -0.0185", "0.014 to 0.019"),
+        ("8fa77c51", "fp8_naive - fp32 baseline at equal steps (= equal FLOPs): -0.0105 [-0.0349, +0.0139] (n=3): not resolved at 3 seeds",
+         "Naive (1,6,9): −0.0105 [−0.0349, +0.0139]"),
+        ("8fa77c51", "fp8_chunk64 - fp32 baseline at equal steps (= equal FLOPs): -0.0097 [-0.0448, +0.0254] (n=3): not resolved at 3 seeds",
+         "chunked (Wang et al.'s recipe): −0.0097 [−0.0448, +0.0254]"),
+        ("8fa77c51", "fp8_chunk64_rne - fp32 baseline at equal steps (= equal FLOPs): -0.0070 [-0.0217, +0.0077] (n=3): not resolved at 3 seeds",
+         "−0.0070 [−0.0217, +0.0077]"),
+        ("8fa77c51", "the accumulator sweep's only stall is 2-bit naive (+0.189)", "only 2-bit naive stalled (+0.189)"),
+        ("8fa77c51", "the emulation's cost on this CPU: 58x the fp32 step", "a step costs 58× the fp32 one on this CPU"),
+        ("8fa77c51", "5 naive, 3 with chunks of 64 (K = 1024); 9 and 6 at K = 16384", "5 bits naive or 3 with chunks here"),
+        ("8fa77c51", "300 steps = 2.24 tokens per parameter", "300 steps =\n> 2.24 tokens per parameter"),
+    ],
+    "08": [
+        ("363eb324", "lr 1e-3: SL - none -0.082 [-0.127, -0.036] (n=10): wins", "error −0.082 [−0.127, −0.036]"),
+        ("363eb324", "lr 1e-2: SL - none -0.151 [-0.441, +0.139] (n=5): not resolved at 5 seeds", "−0.151 [−0.441, +0.139] in error"),
+        ("363eb324", "share of the none -> BN gap that SL closes: lr 1e-3 14%, lr 1e-2 33%, paper 83%", "SL closes 14% (lr $10^{-3}$) and 33%"),
+        ("363eb324", "none                     0.109 ± 0.015 (10)", "0.109 ± 0.015, where chance is 0.10"),
+        ("363eb324", "SL (w = 1)               0.191 ± 0.069 (10)     0.666 ± 0.047 (5)    0.752 ± 0.026", "SL reaches 0.191 ± 0.069"),
+        ("363eb324", "BN (shift only)          0.704 ± 0.088 (10)     0.978 ± 0.007 (5)    0.856 ± 0.011", "BN 0.704 ± 0.088"),
+        ("dff2a6e6", "none step 3700 (2/3 seeds), SL (w = 1) step 300 (3/3 seeds)", "at step 3700 (median of 3 seeds; one seed never does), SL itself at step 300"),
+        ("c0e6bb72", "w = 1 - w = 0.1: -0.081 [-0.293, +0.131] (n=3): not resolved at 3 seeds", "−0.081 [−0.293, +0.131]"),
+        ("ede26c60", "lr 0.01: BN's error at batch 2 - at batch 128 (by seed index, not paired): +0.666 [+0.566, +0.766] (n=3): loses", "by 0.666 [0.566, 0.766]"),
+        ("ede26c60", "lr 0.001: BN's error at batch 2 - at batch 128 (by seed index, not paired): +0.435 [-0.009, +0.880] (n=3): not resolved", "+0.435 [−0.009, +0.880] in\nerror"),
+        ("ede26c60", "batch   2: SL - none - (every seed diverged);  BN - none +0.133 [-0.059, +0.325] (n=3): not resolved at 3 seeds", "(+0.133 [−0.059, +0.325] in error)"),
+        ("c75fa075", "no LN - LayerNorm (tutorial baseline), paired by seed: +0.093 [-0.027, +0.213] (n=3): not resolved at 3 seeds", "+0.093 [−0.027, +0.213]"),
+        ("c75fa075", "no LN + SL (w = 0.001) - no LN, paired by seed: -0.027 [-0.127, +0.073] (n=3): not resolved at 3 seeds", "(−0.027 [−0.127, +0.073])"),
+        ("c75fa075", "no LN + SL (w = 0.001) - LayerNorm (tutorial baseline), paired by seed: +0.066 [+0.043, +0.089] (n=3): loses",
+         "no LN + SL against LN **loses**: +0.066 [+0.043, +0.089] nats/token"),
+        ("af329ae7", "digits CNN: 1000 steps x 128 images = 89 epochs of 1438 training images", "1000 steps = 89 epochs of 1438 images"),
+        ("af329ae7", "free size, GPT: no LN + SL - the tutorial frontier (dense-L1, bracketed: True): +0.590 [+0.564, +0.616] (n=3): loses",
+         "+0.590 [+0.564, +0.616] nats/token"),
+    ],
+}
+
+
+def cells(nb: str) -> list[dict]:
+    return json.loads(NB[nb].read_text())["cells"]
+
+
+def printed(cell: dict) -> str:
+    return "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")) for o in cell["outputs"])
+
+
+def text(nb: str) -> str:
+    return "\n".join("".join(c["source"]) for c in cells(nb) if c["cell_type"] == "markdown")
+
+
+@pytest.mark.parametrize("nb, cid, out, said", [(nb, *row) for nb, rows in QUOTES.items() for row in rows],
+                         ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None)
+def test_a_quoted_number_is_printed_by_a_compared_cell_and_stated_in_the_text(nb, cid, out, said):
+    cell = next(c for c in cells(nb) if c.get("id") == cid)
+    assert "NBVAL_IGNORE_OUTPUT" not in "".join(cell["source"]), f"{nb} {cid}: nbval does not compare this output"
+    assert out in printed(cell), f"{nb} cell {cid} no longer prints {out!r}"
+    if said:
+        assert said in text(nb), f"{nb}'s text no longer says {said!r} (its cell {cid} prints {out!r})"
+
+
+def box(nb: str) -> str:
+    found = [s for s in ("".join(c["source"]) for c in cells(nb) if c["cell_type"] == "markdown")
+             if "**When would you use it?**" in s]
+    assert len(found) == 1, nb
+    return found[0]
+
+
+@pytest.mark.parametrize("nb", sorted(NB))
+def test_the_box_says_only_what_applies(nb):
+    # the two-framing boilerplate where it does not apply (issue 45): no tie by construction, no "not measured" cells
+    b = box(nb)
+    assert "a tie by construction" not in b and "not measured" not in b and "**Decision rule.**" in b
+
+
+@pytest.mark.parametrize("nb", sorted(NB))
+def test_each_notebook_ends_with_a_five_line_summary(nb):
+    cs = cells(nb)
+    at = [k for k, c in enumerate(cs) if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Summary\n")]
+    assert len(at) == 1, nb
+    lines = "".join(cs[at[0]]["source"]).split("\n", 1)[1].strip().splitlines()
+    assert len(lines) == 5 and all(line.startswith("* ") for line in lines), lines
+    b = next(k for k, c in enumerate(cs) if "**When would you use it?**" in "".join(c["source"]))
+    assert at[0] > b and len(cs) - at[0] <= 3            # after the box, among the last cells (full scale, exercises)
