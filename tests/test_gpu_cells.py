@@ -101,3 +101,22 @@ def test_each_notebook_has_one_gpu_cell_that_without_cuda_says_so(nb, monkeypatc
     assert text == stored
     gpu_cells = [k for k, c in enumerate(cells) if c["cell_type"] == "code" and "gpu_cell" in "".join(c["source"])]
     assert gpu_cells == gpu                                                # the GPU runs stay in their one cell
+
+
+@pytest.mark.parametrize("nb", TECHNIQUE_NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_each_gpu_cell_runs_its_arms_with_cuda_pretended_and_the_device_forced_to_the_cpu(nb, monkeypatch):
+    """The cell's CUDA branch, as a GPU would run it, on the CPU: its configs build and train (tiny, one timed step)."""
+    cells = json.loads(nb.read_text())["cells"]
+    src = next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and "".join(c["source"]).startswith("# GPU:"))
+    real, calls = gpu_cell.gpu_speed, []
+
+    def on_cpu(config, arms, **kw):
+        calls.append(list(arms))
+        kw.update(device="cpu", warmup=1, steps=1, scale=TINY if kw.get("scale") is None else [*kw["scale"], "--train.threads=1"])
+        return real(config, arms, **kw)
+    monkeypatch.setattr(gpu_cell, "cuda", lambda: True)
+    monkeypatch.setattr(gpu_cell, "gpu_speed", on_cpu)
+    _, text = printed(exec, compile(src, nb.name, "exec"), {"__name__": "__gpu_cell__"})
+    assert calls and "No CUDA" not in text
+    assert sum(line.count("tok/s") for line in text.splitlines()) == sum(len(c) for c in calls)
+    assert "x " in text and "'s speed" in text                      # each technique against its base

@@ -91,6 +91,14 @@ def _repo(path: str | Path) -> Path:
     return p if p.is_absolute() or p.exists() else REPO_ROOT / p
 
 
+def _config(path: Path, overrides: list[str]):
+    """A config file with the overrides; a comparison's file (with an `arms:` section) gives its base config."""
+    from ..core.config import load_config, read_yaml
+    raw = dict(read_yaml(path) or {})
+    raw.pop("arms", None)
+    return load_config(None, overrides, extra=raw)
+
+
 def time_steps(tr, device, warmup: int, steps: int) -> dict:
     """`warmup` steps (wall timed on the host after a synchronize), then `steps` steps each between two marks."""
     import torch
@@ -127,14 +135,13 @@ def gpu_speed(config: str | Path, arms: dict[str, list[str]], *, base: str | dic
     (what the tests force). Returns {device, config, scale, timer, arms: {name: timing}, vs: {name: realized}}."""
     import torch
 
-    from ..core.config import load_config
     from ..core.hardware import peak_memory_gb
     from ..core.trainer import Trainer
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     names = list(arms)
     bases = base if isinstance(base, dict) else {n: base or names[0] for n in names}
     path, scale = _repo(config), GPU_SCALE if scale is None else list(scale)
-    data = Path(load_config(path).data.path)
+    data = Path(_config(path, []).data.path)
     fixed = [*scale, *overrides, f"--train.device={dev.type}", "--train.progress=false", "--train.log_every=100000",
              "--train.eval_every=0", "--train.checkpoint_every=0", f"--train.steps={warmup + steps + 2}"]
     if not data.is_absolute() and not data.exists():
@@ -146,7 +153,7 @@ def gpu_speed(config: str | Path, arms: dict[str, list[str]], *, base: str | dic
         if dev.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
-        tr = Trainer(load_config(path, fixed + list(arms[name])))
+        tr = Trainer(_config(path, fixed + list(arms[name])))
         r = time_steps(tr, dev, warmup, steps)
         r.update(overrides=list(arms[name]), precision=tr.precision, peak_mem_gb=round(peak_memory_gb(dev), 3))
         lowp = next((t for t in tr.techniques if getattr(t, "fp8", None)), None)
@@ -172,11 +179,12 @@ def show(res: dict) -> None:
                 f"peak {r['peak_mem_gb']:.2f} GB  ({r['precision']})")
         v = res["vs"].get(name)
         if v and v.get("speedup"):
+            v = dict(v, speedup=float(f"{v['speedup']:.3g}"))
             if v.get("realized") is not None:
-                line += (f"  {v['speedup']:.2f}x {v['base']}'s speed; realized speed-up {v['realized']:.2f} "
+                line += (f"  {v['speedup']:g}x {v['base']}'s speed; realized speed-up {v['realized']:.2f} "
                          f"(time saving {v['time_saving']:+.1%} / FLOPs saving {v['flops_saving']:+.1%})")
             else:
-                line += f"  {v['speedup']:.2f}x {v['base']}'s speed (same FLOPs per step: the time ratio)"
+                line += f"  {v['speedup']:g}x {v['base']}'s speed (same FLOPs per step: the time ratio)"
         if r.get("fp8"):
             line += f"  FP8 Linears {r['fp8'].get('fp8_layers')}"
         print(line)
