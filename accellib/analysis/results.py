@@ -191,16 +191,17 @@ def regime_line(res: dict, arm: str = "baseline") -> str:
             f"parameter ({g['vs_compute_optimal']:.2g}x Hoffmann et al.'s ~20), {g['epochs']:.2f} epochs")
 
 
-def to_target(res: dict, arm: str, x: str = "flops") -> Ratio | None:
+def to_target(res: dict, arm: str, x: str = "flops", extra: float = 0.0) -> Ratio | None:
     """An arm's time to target (the papers' metric; `accellib.analysis.stats.to_target`): what it spent, as a ratio
     to the same seed's baseline, to first reach that baseline's final validation loss; x = "flops" or "wall".
     A stored record is judged again by today's rule (the sign test at the row's `to_target_resolution`), from its
     per-seed ratios: old caches give today's judgement without retraining. A cache that stores none (written before
     issue 33) gets the FLOPs one from its curves, by compare's own functions; its wall one is None (those caches'
-    wall columns ran beside other jobs)."""
+    wall columns ran beside other jobs). `extra`: FLOPs the cache left out of every seed's run (SBLD's profile in
+    the tutorial caches), added to each seed's crossing and budget; the record is then read from the curves."""
     row = arm_row(res, arm)
     d = row.get("to_target", {}).get(x)
-    if d is not None:
+    if d is not None and not extra:
         return Ratio.from_dict(d, tie=row.get("to_target_resolution"))
     if x != "flops" or "curves" not in res:
         return None
@@ -212,8 +213,8 @@ def to_target(res: dict, arm: str, x: str = "flops") -> Ratio | None:
     for label, recs in arm_runs(res, arm).items():
         seed = label.split("/")[-1]
         b = [r for r in res["curves"][f"{base}/{seed}"] if "val_loss" in r][-1]
-        hits.append(crossing(recs, b["val_loss"], "flops") / b["flops"])
-        budgets.append(recs[-1]["flops"] / b["flops"])
+        hits.append((crossing(recs, b["val_loss"], "flops") + extra) / b["flops"])
+        budgets.append((recs[-1]["flops"] + extra) / b["flops"])
         seeds.append(seed)
         spacing.append(eval_spacing(recs))
         bflops.append(b["flops"])
@@ -254,6 +255,24 @@ def regime_table(res: dict, arms: list[str] | None = None) -> str:
     for r in rows:
         out.append(f"{r['arm']:<{w}}" + "".join(f"{c:<{ws[k]}}" for k, c in enumerate(cells[r["arm"]])))
     return "\n".join(out)
+
+
+def config_differences(a, b, skip=("train.log_every", "train.checkpoint_every")) -> list[tuple[str, object, object]]:
+    """What differs between two comparison YAMLs (e.g. configs/tutorial.yaml and configs/fixed_size_long.yaml),
+    setting by setting: [(key, value in a, value in b)], keys dotted ('model.d_model', 'arms.pld.pld.gamma'), only
+    keys both set, in the files' order; `skip` leaves out settings that do not change training (logging,
+    checkpoints). A comparison between two experiments reads an effect of the one difference it names only when
+    this list holds nothing else."""
+    import yaml
+
+    def flat(d, pre=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
+        return out
+
+    fa, fb = (flat(yaml.safe_load(Path(p).read_text())) for p in (a, b))
+    return [(k, fa[k], fb[k]) for k in fa if k in fb and fa[k] != fb[k] and k not in skip]
 
 
 TECHNIQUES = ("pld", "sbld", "random_ltd", "multilevel", "pld+random_ltd", "sbld+random_ltd")
