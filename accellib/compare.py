@@ -39,7 +39,7 @@ from .core.records import read_metrics, read_record, write_json
 from .core.launch import process_state
 from .core.run_dir import (LOCK, check_out, file_lock, has_checkpoint, holds_run, is_comparison, is_cwd, main_decides,
                             make_folder, note_written, write_marker)
-from .analysis.stats import Paired, mean_sd, to_target
+from .analysis.stats import Paired, crossing, eval_spacing, mean_sd, to_target  # noqa: F401 (crossing: re-exported)
 from .train import USER_ERRORS, report, training_function
 
 
@@ -215,32 +215,6 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
 
 
 # ----------------------------------------------------------------------------- the summary
-def crossing(recs: list[dict], target: float, x: str) -> float:
-    """x (e.g. "flops", "wall") at which the validation loss first reaches `target`, linearly
-    interpolated between evaluations; inf when it never does."""
-    prev = None
-    for r in recs:
-        if "val_loss" not in r or r.get("transition"):  # a V-cycle's mid-transition check is not a model it trains on
-            continue
-        if r["val_loss"] <= target:
-            if prev is None or prev["val_loss"] == r["val_loss"]:
-                return float(r[x])
-            f = (prev["val_loss"] - target) / (prev["val_loss"] - r["val_loss"])
-            return float(prev[x] + f * (r[x] - prev[x]))
-        prev = r
-    return math.inf
-
-
-def eval_spacing(recs: list[dict]) -> float:
-    """The largest FLOPs between two consecutive evaluations in the second half of a run (by FLOPs): the
-    resolution of a time to target read from its curve (between evaluations it is interpolated). The target
-    is a baseline's *final* loss, so it is crossed late; a one-off cost early in the run (SBLD's profile,
-    charged at its step) widens an early interval that no crossing of the target falls in."""
-    xs = [0.0] + [float(r["flops"]) for r in recs if "val_loss" in r and not r.get("transition")]
-    half = xs[-1] / 2
-    return max((b - a for a, b in zip(xs, xs[1:]) if b > half), default=math.inf)
-
-
 def summarize(out: Path, results: dict[str, dict], plan: dict) -> list[dict]:
     """One row per arm over its seeds: final loss (mean, sd), FLOPs and wall (ratios of means to the
     baseline's), and the time to target: FLOPs and wall until the validation loss first reaches the same

@@ -11,7 +11,7 @@ import yaml
 
 from accellib import REPO_ROOT
 from accellib.analysis.regime import params_of, regime
-from accellib.analysis.frontier import family_optimum
+from accellib.analysis.isoflop import family_optimum
 from accellib.analysis.results import findings_table, load_result
 from accellib.analysis.stats import Ratio
 from accellib.data.tokens import load_token_data

@@ -100,22 +100,3 @@ def joint_frontier(res: dict, more: dict, tol: float = 1e-3) -> dict:
     for r in joint:
         r.pop("vs_frontier", None)
     return dict(rows=joint, frontier=paired_gaps(joint, "baseline"), baseline_diff=diff)
-
-
-def family_optimum(res: dict) -> dict:
-    """The compute-optimum of the baseline's own family at an equal-FLOPs experiment's budget: its plain arms of the
-    baseline's width (the baseline and `dense-L<n>`, not the `-d<w>` ones) as an IsoFLOP profile, the parabola in
-    ln N through the best of them and its two neighbours, per seed (`accellib.analysis.isoflop.optimum`, Hoffmann
-    et al.'s approach 2). Returns that optimum (per seed and geometric means: n_opt, d_opt, tokens_per_param with
-    its interval) with `arms` (the profile, by size) and `baseline_over_opt`: the baseline's parameters over N_opt
-    (> 1: larger than compute-optimal for its FLOPs, so a smaller model of the family does better)."""
-    from .isoflop import Profile, optimum
-    rows = {r["arm"]: r for r in res["summary"]["rows"]}
-    arms = sorted((a for a in rows if a == "baseline" or (is_dense(a) and DENSE.match(a).group(2) is None)),
-                  key=lambda a: res["regime"][a]["params"])
-    prof = Profile(budget=res.get("name", ""), flops=float(res["budget"]["per_seed"]["0"]["baseline_flops"]),
-                   arms=arms, params=[res["regime"][a]["params"] for a in arms],
-                   tokens=[float(res["regime"][a]["tokens"]) for a in arms],
-                   losses={a: dict(zip(rows[a]["seed_labels"], rows[a]["val_losses"])) for a in arms})
-    o = optimum(prof)
-    return dict(o, arms=arms, baseline_over_opt=res["regime"]["baseline"]["params"] / o["n_opt"])

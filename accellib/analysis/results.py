@@ -205,8 +205,7 @@ def to_target(res: dict, arm: str, x: str = "flops", extra: float = 0.0) -> Rati
         return Ratio.from_dict(d, tie=row.get("to_target_resolution"))
     if x != "flops" or "curves" not in res:
         return None
-    from ..compare import crossing, eval_spacing
-    from .stats import to_target as judge_to_target
+    from .stats import crossing, eval_spacing, to_target as judge_to_target
     base = res.get("budget", {}).get("baseline", "baseline")
     hits, budgets, seeds, spacing = [], [], [], []
     bflops = []

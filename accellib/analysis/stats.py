@@ -1,5 +1,4 @@
-"""The one statistics rule: paired gaps by seed, a 95% t-interval, wins / loses / not resolved (time to target:
-the sign test).
+"""The one statistics rule (paired gaps by seed, a 95% t-interval), and the sign test for time to target.
 
 The course's one statistics rule: how every comparison in accellib, its notebooks, benchmarks and
 README decides whether an arm beats another.
@@ -309,3 +308,29 @@ def to_target(hits: list[float], budgets: list[float], tie: float = 0.0, level: 
         raise ValueError(f"to_target needs a budget per seed, got {len(hits)} hits and {len(budgets)} budgets")
     censored = [not math.isfinite(h) for h in hits]
     return judge([b if c else h for h, b, c in zip(hits, budgets, censored)], censored, tie, level, what, seeds)
+
+
+def crossing(recs: list[dict], target: float, x: str) -> float:
+    """x (e.g. "flops", "wall") at which the validation loss first reaches `target`, linearly
+    interpolated between evaluations; inf when it never does."""
+    prev = None
+    for r in recs:
+        if "val_loss" not in r or r.get("transition"):  # a V-cycle's mid-transition check is not a model it trains on
+            continue
+        if r["val_loss"] <= target:
+            if prev is None or prev["val_loss"] == r["val_loss"]:
+                return float(r[x])
+            f = (prev["val_loss"] - target) / (prev["val_loss"] - r["val_loss"])
+            return float(prev[x] + f * (r[x] - prev[x]))
+        prev = r
+    return math.inf
+
+
+def eval_spacing(recs: list[dict]) -> float:
+    """The largest FLOPs between two consecutive evaluations in the second half of a run (by FLOPs): the
+    resolution of a time to target read from its curve (between evaluations it is interpolated). The target
+    is a baseline's *final* loss, so it is crossed late; a one-off cost early in the run (SBLD's profile,
+    charged at its step) widens an early interval that no crossing of the target falls in."""
+    xs = [0.0] + [float(r["flops"]) for r in recs if "val_loss" in r and not r.get("transition")]
+    half = xs[-1] / 2
+    return max((b - a for a, b in zip(xs, xs[1:]) if b > half), default=math.inf)
