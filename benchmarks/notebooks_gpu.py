@@ -14,7 +14,7 @@ fp32 through `accellib.course.setup.CPU_RUN`; the record says how much GPU memor
 
 IPython and ipywidgets come from .whl/ when this Python lacks them (benchmarks/gpu_wheels.sh fetches them on a
 machine with a package index). The checkout goes on the notebooks' PYTHONPATH, so each setup cell finds accellib
-and does nothing. The JSON is rewritten as each notebook ends, so a job cut at its limit keeps what finished.
+and does nothing; before them, on a GPU machine, the setup cell runs once as a fresh machine runs it (`clone_path`). The JSON is rewritten as each notebook ends, so a job cut at its limit keeps what finished.
 """
 from __future__ import annotations
 
@@ -90,6 +90,30 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
+def clone_path(tmp: Path, env: dict, timeout: float) -> dict:
+    """The setup cell as a fresh machine runs it (issue 45): in an empty folder, with this checkout (as a git
+    address) for the course's repository, no package index (the packages come from the image and .whl/), accellib not
+    on PYTHONPATH. Passes when the cell cloned, installed and prepared, and accellib then imports from the clone."""
+    from accellib.course.setup import setup_cell
+    folder = tmp / "content"
+    folder.mkdir()
+    code = setup_cell("01") + "\nimport accellib; print('FROM', pathlib.Path(accellib.__file__).resolve().parents[1])"
+    run_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    run_env.update(ACCELLIB_REPO_URL=ROOT.as_uri(), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
+                   PIP_FIND_LINKS=f"{ROOT / '.whl'} {ROOT / 'data' / 'raw'}",   # wheels, and the corpus sdist
+                   PIP_DISABLE_PIP_VERSION_CHECK="1")
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-c", code], cwd=folder, env=run_env, capture_output=True, text=True,
+                           timeout=timeout)
+        ok = r.returncode == 0 and f"FROM {(folder / 'accellib-course').resolve()}" in r.stdout
+        tail = "" if ok else short_paths((r.stdout + r.stderr)[-1500:])
+    except subprocess.TimeoutExpired:
+        ok, tail = False, f"timed out after {timeout:.0f} s"
+    return dict(status="passed" if ok else "failed", seconds=round(time.perf_counter() - t0, 1),
+                **({"log_tail": tail} if tail else {}))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--notebooks", default="", help="comma-separated prefixes (e.g. 03,07); default: all")
@@ -98,6 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one notebook may take (default 300)")
     ap.add_argument("--out-dir", default=str(ROOT / "results"), help="folder of the JSON (default results/)")
     ap.add_argument("--allow-cpu", action="store_true", help="run without a GPU (the runner's own tests)")
+    ap.add_argument("--clone-path", choices=["auto", "yes", "no"], default="auto",
+                    help="also run the setup cell on a fresh folder (clone this checkout, pip install it, prepare the "
+                         "data): auto = on a GPU machine only (it installs accellib into this Python)")
     ap.add_argument("--one", nargs=2, metavar=("NOTEBOOK", "REPORT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
@@ -145,6 +172,11 @@ def main(argv=None) -> int:
         print(f"notebooks_gpu: {p.name}: {status} in {r['seconds']:.0f} s"
               + (f" (cell {r.get('failed_cell')}: {r.get('error')})" if status == "failed" else ""), flush=True)
 
+    if a.clone_path == "yes" or (a.clone_path == "auto" and gpu != "cpu"):
+        record["clone_path"] = clone_path(tmp, env, a.timeout)
+        write_json(out, record)
+        print(f"notebooks_gpu: the setup cell on a fresh folder: {record['clone_path']['status']} in "
+              f"{record['clone_path']['seconds']:.0f} s", flush=True)
     print(f"notebooks_gpu: {len(paths)} notebooks on {gpu}, {a.jobs} at a time; writing {out}", flush=True)
     with ThreadPoolExecutor(a.jobs) as ex:
         list(ex.map(one, paths))

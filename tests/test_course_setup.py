@@ -22,16 +22,21 @@ def code_cells(path):
 
 def test_every_notebook_opens_with_the_setup_cell_and_readme_links_colab():
     assert len(NOTEBOOKS) == 10
-    cells = {p.name: code_cells(p)[0] for p in NOTEBOOKS}
-    for name, src in cells.items():
-        assert 'find_spec("accellib")' in src and course.REPO_URL in src and "setup(" in src, name
-        assert len(src.splitlines()) <= 12, name                   # a few lines; the logic is in accellib.course
-    # the same cell everywhere, up to the data sets it asks for
-    assert len({src.rsplit("\n", 1)[0] for src in cells.values()}) == 1
+    for p in NOTEBOOKS:   # `python -m accellib.course.setup --stamp` writes them
+        assert code_cells(p)[0] == course.setup_cell(p.name[:2]), p.name
     readme = (ROOT / "README.md").read_text()
     table = readme.split("## The course", 1)[1].split("\n## ", 1)[0]
     for p in NOTEBOOKS:
         assert f"({course.COLAB}{p.name})" in table, p.name
+
+
+def test_the_hf_extra_only_where_it_is_used_and_no_upgrade():
+    for p in NOTEBOOKS:
+        cell = code_cells(p)[0]
+        assert ('"[hf]"' in cell) == p.name.startswith("00_"), p.name     # lm-eval and transformers: notebook 00 only
+        pip = cell.split('"pip", ', 1)[1].split("], check=True)", 1)[0]          # the install command's words
+        assert "upgrade" not in pip and '"-U"' not in pip and "torch" not in pip      # a new-enough torch stays
+        assert course.REPO_URL in cell and "ACCELLIB_REPO_URL" in cell and len(cell.splitlines()) <= 16
 
 
 def test_setup_cell_is_a_no_op_in_the_checkout(monkeypatch, capsys):
@@ -47,25 +52,30 @@ def test_setup_cell_is_a_no_op_in_the_checkout(monkeypatch, capsys):
 
 
 def test_setup_cell_on_a_fresh_machine_clones_installs_and_prepares(tmp_path, monkeypatch):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accellib" else real_find_spec(name, *a))
+    import importlib.metadata as md
+    real = md.distributions
+    monkeypatch.setattr(md, "distributions", lambda: [d for d in real() if d.metadata["Name"] not in ("accellib", "lm_eval")])
     monkeypatch.chdir(tmp_path)                                  # no checkout above this folder (Colab's /content)
+    monkeypatch.setenv("ACCELLIB_REPO_URL", "file:///somewhere/accellib")
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(course, "missing", lambda names, root=None: list(names))   # and no data yet
     calls = []
     def fake_run(cmd, **kw):
         calls.append(cmd)
         if cmd[:2] == ["git", "clone"]:
-            Path(cmd[-1]).mkdir()
+            (Path(cmd[-1]) / "accellib").mkdir(parents=True)
+            (Path(cmd[-1]) / "accellib" / "__init__.py").write_text("")
     monkeypatch.setattr(subprocess, "run", fake_run)
-    exec(code_cells(next(p for p in NOTEBOOKS if p.name.startswith("08_")))[0], {})   # 08: both data sets
-    assert calls[0][:2] == ["git", "clone"] and course.REPO_URL in calls[0]
-    assert calls[1][1:5] == ["-m", "pip", "install", "-q"]
-    # with the hf extra: notebook 00 exports with transformers and evaluates with lm-eval (the GPU image, which has
-    # no lm-eval, stopped notebook 00 there; Colab would too)
-    assert calls[1][-1].endswith("[hf]")
+    exec(course.setup_cell("08"), {})                                 # 08: both data sets
+    clone = (tmp_path / "accellib-course").resolve()
+    assert calls[0] == ["git", "clone", "-q", "--depth=1", "file:///somewhere/accellib", str(clone)]
+    assert calls[1] == [sys.executable, "-m", "pip", "install", "-q", "-e", str(clone)]
     assert [Path(c[-1]).name for c in calls[2:]] == ["prepare_shakespeare.py", "prepare_digits.py"]
-    assert sys.path[0] == str((tmp_path / "accellib").resolve())
+    assert sys.path[0] == str(clone)
+    calls.clear()
+    exec(course.setup_cell("00"), {})                                 # 00: the hf extra; the clone is there already
+    assert calls[0] == [sys.executable, "-m", "pip", "install", "-q", "-e", str(clone) + "[hf]"]
+    assert sys.path.count(str(clone)) == 1
 
 
 def test_setup_prepares_only_what_is_missing(tmp_path):

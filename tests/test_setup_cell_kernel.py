@@ -111,3 +111,17 @@ def test_placeholder_address_says_one_line_and_clones_nothing(fresh_machine):
     out, err = run_in_kernel(fresh_machine, folder, setup_cell("03"), url=False)
     assert len(err) == 1 and err[0].startswith("setup: set REPO_URL in this cell"), err
     assert list(folder.iterdir()) == []
+
+
+def test_the_gpu_runners_clone_path_on_a_fresh_environment(fresh_machine, monkeypatch, tmp_path):
+    # benchmarks/notebooks_gpu.py runs the same cell once on the GPU box; here in the fresh environment, cloning this
+    # checkout's committed tree (CI's checkout is a clean clone)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import notebooks_gpu
+    monkeypatch.setattr(sys, "executable", str(fresh_machine["tmp"] / "venv" / "bin" / "python"))
+    site = fresh_machine["site"]
+    for e in site.glob("*accellib*"):           # the first test installed the course there: start uninstalled
+        shutil.rmtree(e) if e.is_dir() else e.unlink()
+    r = notebooks_gpu.clone_path(tmp_path, dict(fresh_machine["env"]), timeout=600)
+    assert r["status"] == "passed", r.get("log_tail")
+    assert (tmp_path / "content" / "accellib-course" / "data" / "shakespeare" / "meta.json").is_file()
