@@ -29,7 +29,7 @@ Experiments (all on configs/tutorial.yaml, the shared tutorial baseline; runs in
                      baseline and Ouroboros K = 2, 3, 4 at lower peak LRs and longer warm-ups, same steps and
                      seeds (configs/ouroboros_lr.yaml: tutorial.yaml's base; notebook 06)
 
-The papers' regime (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 tokens per parameter):
+Near compute-optimal (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 tokens per parameter):
   long_lr_sweep      its peak LR and warm-up, 3 seeds, searched until the best LR is interior
                      (benchmarks/lr_tune.py); the config's optim section is set from it
   long_flops         every arm at the baseline's FLOPs, 5 seeds, with plain models smaller and larger
