@@ -51,6 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `data_scripts` importable
     sys.path.insert(0, str(ROOT))
+from accellib.data.atomic_folder import _alive as alive  # noqa: E402
 from data_scripts.tokenize_corpus import (  # noqa: E402
     BYTE_VOCAB, describe, is_up_to_date, prepare_target, read_meta, sha256_file, show_path, write_token_streams)
 
@@ -575,22 +576,12 @@ def pins(sources: list[Source]) -> list[dict]:
     return [{"package": s.package, "version": s.version, "deb_sha256": s.sha256} for s in sources]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # it exists, and belongs to another user
-        return True
-    return True
-
-
 def write_carried(path: Path, docs: list[Doc], sources: list[Source]) -> str:
     """The documents as xz-compressed JSON lines (a header line, then one {"package", "path", "text"} per
     document), written to a temp file and renamed; returns its sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for old in path.parent.glob(f".{path.name}.tmp-*"):  # what a killed earlier run of this script left
-        if (pid := old.name.rsplit("-", 1)[1]).isdigit() and not _alive(int(pid)):
+        if (pid := old.name.rsplit("-", 1)[1]).isdigit() and not alive(int(pid)):
             old.unlink(missing_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     comp = lzma.LZMACompressor(format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=6)
