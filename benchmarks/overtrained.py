@@ -11,6 +11,14 @@ baseline's distance from it (`accellib.analysis.overtrained`).
     python benchmarks/reproduce.py --only ot_short,long_short    # the same configs at a short horizon (the gap
                                                                  # as training gets longer, notebook 00)
 
+Cost, stated before the build (measured in a pilot on this 2-core machine: 24.8 ms per baseline step on an idle core,
+one torch thread): one baseline run is 12,000 steps = 5.1e12 FLOPs, about 5 minutes of one idle core (9-13 under
+the load of other work). ot_lr_sweep: 4 LRs x 3 seeds to start, 2 LRs more per round the ladder grows (12-18
+runs, 1-1.5 CPU-hours); ot_flops: 14 arms x 5 seeds at the baseline's FLOPs (the profile's wider models run more
+FLOPs per second, its deeper ones fewer), about 6 CPU-hours; ot_short: 35 runs of 707 steps, 0.2 CPU-hours. About
+8 CPU-hours in all, 4 hours of wall time with --jobs 2. Every run checkpoints every 1,200 steps and every arm is
+its own `compare --resume`: an interrupted build loses at most the steps since a run's last checkpoint.
+
 The LR rule of the profile (stated once, here): the baseline's tuned peak LR x 16 / d_model (the isoflop
 profiles' 1/width rule, anchored at this config's tuned LR), the same at every depth; warm-up and cosine floor as
 the baseline. Not tuned per arm: a larger model held back by its LR makes the over-training claim conservative
