@@ -1,6 +1,7 @@
 """The technique notebooks' GPU cell (accellib/course/gpu_cell.py, issue 45): its code path on the CPU with a tiny
 config (the device forced to the CPU, a few steps), the realized speed-up, what it prints without CUDA (read from
-the committed GPU record), and that the benchmarks time with the same code."""
+the committed GPU record), the one GPU cell of each technique notebook 01-08, and that the benchmarks time with the
+same code."""
 from __future__ import annotations
 
 import contextlib
@@ -79,7 +80,25 @@ def test_the_gpu_check_times_with_the_same_code():
         assert not any(f"def {n}(" in src or f"class {n}" in src for n in names), f
 
 
+def test_without_cuda_the_record_s_savings_and_stages_are_quoted():
+    # 01-04 quote points with a realized speed-up (a negative one reads only beside the two savings it divides),
+    # one with more FLOPs than the baseline (SBLD's profile fell in the timed steps) and the V-cycle's stages
+    rec = json.loads((ROOT / gpu_cell.RECORD).read_text())["arms"]
+    text = gpu_cell.skip("x", "random_ltd", "03")
+    rs = rec["random_ltd"]["realized_speedup"]
+    assert f"realized speed-up {rs['realized']:.2f} (time saving {rs['time_saving']:+.1%} / FLOPs saving " in text
+    assert f"{rec['random_ltd']['tok_per_s'] / rec['baseline']['tok_per_s']:.2f}x its speed" in text
+    text = gpu_cell.skip("x", "sbld", "02")
+    assert "realized" not in text and f"with {-rec['sbld']['realized_speedup']['flops_saving']:+.1%} FLOPs per step" in text
+    text = gpu_cell.skip("x", "multilevel", "04")
+    assert "per stage " + " / ".join(f"{v['tok_per_s']:,.0f}" for _, v in sorted(rec["multilevel"]["stages"].items())) in text
+    assert text.count("\n") == 1
+
+
 TECHNIQUE_NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("0[5-8]_*.ipynb"))]
+# the CUDA branch forced onto the CPU: the cell's own GPU config (its depth and sequence length: random-LTD's kept
+# length and the V-cycle's half-size stage are set against them) at a width and batch a CPU runs in a second
+CELL_ON_CPU = [*gpu_cell.GPU_SCALE, "--model.d_model=32", "--model.n_head=2", "--train.batch_size=2", "--train.threads=1"]
 
 
 @pytest.mark.parametrize("nb", TECHNIQUE_NOTEBOOKS, ids=lambda p: p.name[:2])
@@ -112,7 +131,8 @@ def test_each_gpu_cell_runs_its_arms_with_cuda_pretended_and_the_device_forced_t
 
     def on_cpu(config, arms, **kw):
         calls.append(list(arms))
-        kw.update(device="cpu", warmup=1, steps=1, scale=TINY if kw.get("scale") is None else [*kw["scale"], "--train.threads=1"])
+        kw.update(device="cpu", warmup=1, steps=1,
+                  scale=CELL_ON_CPU if kw.get("scale") is None else [*kw["scale"], "--train.threads=1"])
         return real(config, arms, **kw)
     monkeypatch.setattr(gpu_cell, "cuda", lambda: True)
     monkeypatch.setattr(gpu_cell, "gpu_speed", on_cpu)

@@ -10,7 +10,10 @@ against its base, the realized speed-up is (1 - t/t_base) / (1 - F/F_base), t th
 trainer's analytic FLOPs per step; where it does not, the plain time ratio t_base / t.
 
 Without CUDA the cell times nothing: `skip` prints what it would show and what the committed GPU record
-(results/gpu_check_h200.json, results/notebooks_nvidia_h200.json) holds for the technique, read from the files.
+(results/gpu_check_h200.json, results/notebooks_nvidia_h200.json) holds for the technique, read from the files: its
+tokens/s against the baseline's, and where the record stores them the realized speed-up with the time and FLOPs
+savings it divides (a negative one reads as a slower step despite fewer FLOPs), or the FLOPs it added, and the
+tokens/s of each stage (the V-cycle).
 
     from accellib.course import gpu_cell
     gpu_cell.run("PLD at theta = 0.5", "configs/tutorial.yaml",
@@ -201,9 +204,12 @@ def recorded(technique: str, root: Optional[Path] = None) -> dict | None:
         return None
     tps = got.get("tok_per_s") or (got["tokens_per_step"] / got["mean_step_s"] if got.get("mean_step_s") else None)
     btps = base.get("tok_per_s") or (base["tokens_per_step"] / base["mean_step_s"] if base.get("mean_step_s") else None)
-    real = (got.get("realized_speedup") or got.get("vs_baseline") or {}).get("realized")
+    vs = got.get("realized_speedup") or got.get("vs_baseline") or {}
+    stages = [v.get("tok_per_s") for _, v in sorted((got.get("stages") or {}).items(), key=lambda kv: int(kv[0]))]
     return dict(device=rec.get("device"), config=rec.get("config"), tok_per_s=tps, base_tok_per_s=btps,
-                speed=tps / btps if tps and btps else None, realized=real)
+                speed=tps / btps if tps and btps else None, realized=vs.get("realized"),
+                flops_saving=vs.get("flops_saving"), time_saving=vs.get("time_saving"),
+                stages=stages if stages and all(stages) else None)
 
 
 def notebook_record(notebook: str, root: Optional[Path] = None) -> dict | None:
@@ -220,7 +226,15 @@ def skip(what: str, technique: Optional[str], notebook: str, root: Optional[Path
              f"each and the speed-up."]
     r = recorded(technique, root) if technique else None
     if r and r["speed"]:
-        real = f", realized speed-up {r['realized']:.2f}" if r.get("realized") is not None else ""
+        real = ""
+        if r.get("realized") is not None:      # with the two savings it divides, so that a sign reads
+            real = f", realized speed-up {r['realized']:.2f}" + (
+                f" (time saving {r['time_saving']:+.1%} / FLOPs saving {r['flops_saving']:+.1%})"
+                if r.get("time_saving") is not None and r.get("flops_saving") is not None else "")
+        elif r.get("flops_saving") and abs(r["flops_saving"]) > 1e-6:   # more FLOPs than the baseline: no ratio
+            real = f", with {-r['flops_saving']:+.1%} FLOPs per step against the baseline's (no saving to realize)"
+        if r.get("stages"):
+            real += f"; per stage {' / '.join(f'{v:,.0f}' for v in r['stages'])} tok/s"
         lines.append(f"The committed GPU record ({RECORD}, {r['device']}, {r['config']}): {technique} "
                      f"{r['tok_per_s']:,.0f} tok/s against the baseline's {r['base_tok_per_s']:,.0f}, "
                      f"{r['speed']:.2f}x its speed{real}.")
