@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_without_cuda_the_record_s_savings_and_stages_are_quoted():
     assert text.count("\n") == 1
 
 
-TECHNIQUE_NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("0[5-8]_*.ipynb"))]
+TECHNIQUE_NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("0[1-8]_*.ipynb")) if p.name[:2] in ("01", "05", "06", "07", "08")]
 # the CUDA branch forced onto the CPU: the cell's own GPU config (its depth and sequence length: random-LTD's kept
 # length and the V-cycle's half-size stage are set against them) at a width and batch a CPU runs in a second
 CELL_ON_CPU = [*gpu_cell.GPU_SCALE, "--model.d_model=32", "--model.n_head=2", "--train.batch_size=2", "--train.threads=1"]
@@ -118,8 +119,9 @@ def test_each_notebook_has_one_gpu_cell_that_without_cuda_says_so(nb, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _, text = printed(exec, compile(src, nb.name, "exec"), {"__name__": "__gpu_cell__"})
     assert text == stored
-    gpu_cells = [k for k, c in enumerate(cells) if c["cell_type"] == "code" and "gpu_cell" in "".join(c["source"])]
-    assert gpu_cells == gpu                                                # the GPU runs stay in their one cell
+    gpu_cells = [k for k, c in enumerate(cells) if c["cell_type"] == "code"
+                 and re.search(r"gpu_cell\.(run|gpu_speed|show|skip)\(", "".join(c["source"]))]
+    assert gpu_cells == gpu           # the GPU runs stay in their one cell (a later cell may read the record: recorded)
 
 
 @pytest.mark.parametrize("nb", TECHNIQUE_NOTEBOOKS, ids=lambda p: p.name[:2])

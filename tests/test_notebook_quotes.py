@@ -1,10 +1,11 @@
-"""The numbers notebooks 05-08 quote, kept true here rather than by asserts in the notebooks (issue 45: a student
+"""The numbers notebooks 00-09 quote, kept true here rather than by asserts in the notebooks (issue 45: a student
 reads the asserts that carry a verdict; the pins of printed numbers live in this test).
 
 Each row names a cell whose output nbval compares (no NBVAL_IGNORE_OUTPUT), a fragment that cell prints, and the
 fragment of the notebook's text that quotes it: re-executing a notebook after a change that moves a quoted number
-fails here until the text follows. The notebooks also end with a five-line summary, and their "When would you use
-it?" boxes say only what applies."""
+fails here until the text follows. The notebooks also end with a five-line summary, and the technique notebooks'
+"When would you use it?" boxes say only what applies and end in a decision rule (01-04: with the numbers of the
+course's own measurements, quoted from the cell that computes them)."""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,35 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[5-8]_*.ipynb")}
+NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[0-9]_*.ipynb")}
+BOXES = ["01", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
+SUMMARIES = ["01", "05", "06", "07", "08"]
 
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
+    "01": [
+        ("cell-18", "live PLD run: 4.3300 blocks per micro-batch", "it ran 4.33 of 6 blocks per micro-batch"),
+        ("cell-18", "FLOPs of the PLD run: 0.734 x the baseline's", "and 0.73× the baseline's FLOPs at equal steps"),
+        ("cell-29", "pld              step time   57.0 ms  ratio 0.747", "a step took 0.75× the baseline's on one CPU core"),
+        ("pr-09", "FLOPs to the baseline's final loss      tutorial budget  1/5 reached: 0.93x; 4 not within 1.00x; sign test 1 below, 4 above (p=0.38)",
+         "1/5 seeds reached (0.93x); sign test 1 below, 4 above"),
+        ("pr-09", "50 tokens/param  0/5 reached (not within 1.00x); sign test 0 below, 5 above (p=0.062)",
+         "0/5 seeds reached within 1.00x; sign test 0 below, 5 above (p = 0.062)"),
+        ("pr-09", "tutorial budget  +0.033 [-0.008, +0.074] (n=5): not resolved at 5 seeds", "+0.033 [−0.008, +0.074]: not resolved at 5 seeds"),
+        ("pr-09", "50 tokens/param  +0.086 [+0.071, +0.101] (n=5): loses", "+0.086 [+0.071, +0.101]: **loses**"),
+        ("pr-09", "tutorial budget  +0.564 [+0.506, +0.622] (n=5): loses", "+0.564 [+0.506, +0.622]: **loses**"),
+        ("pr-09", "50 tokens/param  +0.110 [+0.093, +0.128] (n=5): loses", "+0.110 [+0.093, +0.128]: **loses**"),
+        ("pr-09", "tutorial budget  +0.152 [+0.121, +0.183] (n=3): loses", "+0.152 [+0.121, +0.183], 3 seeds: **loses**"),
+        ("nb01-rule", "long_short     6 x 24  at  1.8 tokens per parameter: PLD - same-size baseline -0.122 [-0.280, +0.036] (n=5): not resolved",
+         "same 1.8 tokens per parameter (−0.122 [−0.280, +0.036], not resolved"),
+        ("nb01-rule", "tutorial_flops 6 x 64  at  1.8 tokens per parameter: PLD - same-size baseline +0.033 [-0.008, +0.074] (n=5): not resolved",
+         "(6 × 64 at 1.8 tokens per parameter: +0.033, not resolved)"),
+        ("nb01-rule", "long_flops     6 x 24  at 50.1 tokens per parameter: PLD - same-size baseline +0.086 [+0.071, +0.101] (n=5): loses",
+         "parameter it loses (+0.086)"),
+        ("nb01-rule", "the gap moves +0.018 [-0.029, +0.064] per tenfold N (3 df): flat within noise; PLD wins at 0 of 6 sizes",
+         "+0.018 [−0.029, +0.064] per tenfold N, flat within noise, and it wins at 0 of the 6 sizes"),
+        ("nb01-rule", "PLD 1.19x the baseline's tokens/s, realized speed-up 0.87", "1.19× the baseline's tokens/s, a realized speed-up of 0.87"),
+    ],
     "05": [
         ("a8266985", "(0.38x the standard order's exposure)", "layered order exposes **0.38×** the standard order's"),
         ("c93d0923", "gpipe 4 1  4   0.840        0.750         46.8", "GPipe 46.8 ms at $m=4$"),
@@ -202,19 +228,20 @@ def box(nb: str) -> str:
     return found[0]
 
 
-@pytest.mark.parametrize("nb", sorted(NB))
+@pytest.mark.parametrize("nb", BOXES)
 def test_the_box_says_only_what_applies(nb):
     # the two-framing boilerplate where it does not apply (issue 45): no tie by construction, no "not measured" cells
     b = box(nb)
     assert "a tie by construction" not in b and "not measured" not in b and "**Decision rule.**" in b
 
 
-@pytest.mark.parametrize("nb", sorted(NB))
+@pytest.mark.parametrize("nb", SUMMARIES)
 def test_each_notebook_ends_with_a_five_line_summary(nb):
     cs = cells(nb)
     at = [k for k, c in enumerate(cs) if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Summary\n")]
     assert len(at) == 1, nb
     lines = "".join(cs[at[0]]["source"]).split("\n", 1)[1].strip().splitlines()
     assert len(lines) == 5 and all(line.startswith("* ") for line in lines), lines
-    b = next(k for k, c in enumerate(cs) if "**When would you use it?**" in "".join(c["source"]))
+    b = next((k for k, c in enumerate(cs) if "**When would you use it?**" in "".join(c["source"])), -1)
     assert at[0] > b and len(cs) - at[0] <= 3            # after the box, among the last cells (full scale, exercises)
+    assert (nb in BOXES) == (b >= 0)                     # 00 and 09 have no box
