@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[0-9]_*.ipynb")}
-BOXES = ["01", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
-SUMMARIES = ["01", "05", "06", "07", "08"]
+BOXES = ["01", "02", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
+SUMMARIES = ["01", "02", "05", "06", "07", "08"]
 
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
@@ -42,6 +42,32 @@ QUOTES = {
         ("nb01-rule", "the gap moves +0.018 [-0.029, +0.064] per tenfold N (3 df): flat within noise; PLD wins at 0 of 6 sizes",
          "+0.018 [−0.029, +0.064] per tenfold N, flat within noise, and it wins at 0 of the 6 sizes"),
         ("nb01-rule", "PLD 1.19x the baseline's tokens/s, realized speed-up 0.87", "1.19× the baseline's tokens/s, a realized speed-up of 0.87"),
+    ],
+    "02": [
+        ("nb02-38", "tutorial budget  0.68x [0.66, 0.70] (5/5 reached); sign test 5 below, 0 above (p=0.062)",
+         "0.68x [0.66, 0.70], 5/5 seeds reached"),
+        ("nb02-38", "profile charged         tutorial budget  0.73x [0.71, 0.75] (5/5 reached)", "0.73x [0.71, 0.75] (the sign test"),
+        ("nb02-38", "50 tokens/param  2/5 reached: 1.00x, 0.98x; 3 not within 1.00x; sign test 1 below, 3 above, 1 within 1.1% of 1x (p=0.62)",
+         "2/5 seeds reached (1.00x, 0.98x); sign test 1 below, 3 above"),
+        ("nb02-38", "equal FLOPs       tutorial budget  -0.175 [-0.198, -0.152] (n=5): wins", "−0.175 [−0.198, −0.152]: **wins**"),
+        ("nb02-38", "profile charged   tutorial budget  -0.159 [-0.181, -0.137] (n=5): wins", "profile charged, −0.159 [−0.181, −0.137]: **wins**"),
+        ("nb02-38", "equal FLOPs       50 tokens/param  +0.011 [-0.008, +0.031] (n=5): not resolved at 5 seeds",
+         "+0.011 [−0.008, +0.031]: not resolved at 5 seeds"),
+        ("nb02-38", "tutorial budget  +0.356 [+0.324, +0.389] (n=5): loses", "+0.356 [+0.324, +0.389]: **loses**"),
+        ("nb02-38", "50 tokens/param  +0.035 [+0.021, +0.049] (n=5): loses", "+0.035 [+0.021, +0.049]: **loses**"),
+        ("nb02-38", "tutorial budget  -0.208 [-0.246, -0.170] (n=5): wins", "−0.208 [−0.246, −0.170]: **wins**"),
+        ("nb02-38", "50 tokens/param  -0.075 [-0.096, -0.055] (n=5): wins", "−0.075 [−0.096, −0.055]: **wins**"),
+        ("nb02-38", "tutorial budget  +0.136 [-0.189, +0.462] (n=3): not resolved at 3 seeds", "+0.136 [−0.189, +0.462], 3 seeds"),
+        ("nb02-rule", "long_short     6 x 24  at  1.8 tokens per parameter: SBLD - same-size baseline +0.052 [-0.012, +0.117] (n=5): not resolved",
+         "same 1.8 tokens per parameter (+0.052 [−0.012,\n> +0.117], not resolved)"),
+        ("nb02-rule", "tutorial_flops 6 x 64  at  1.8 tokens per parameter: SBLD - same-size baseline -0.175 [-0.198, -0.152] (n=5): wins",
+         "it wins at equal FLOPs (−0.175, and every seed"),
+        ("nb02-rule", "long_flops     6 x 24  at 50.1 tokens per parameter: SBLD - same-size baseline +0.011 [-0.008, +0.031] (n=5): not resolved",
+         "nor at 50 (+0.011, not resolved)"),
+        ("nb02-rule", "the gap moves +0.199 [+0.125, +0.272] per tenfold N (3 df): rises; SBLD wins at 6 of 6 sizes",
+         "+0.199 [+0.125, +0.272] per tenfold N"),
+        ("nb02-rule", "mean gap by depth 4 blocks -0.156, 6 blocks -0.131, 12 blocks -0.063", "(−0.156 at 4 blocks, −0.063 at 12)"),
+        ("nb02-rule", "SBLD 0.38x the baseline's tokens/s, with +28.7% FLOPs per step", "0.38× the baseline's\n> tokens/s, its profile inside the timed steps (+28.7% FLOPs per step there)"),
     ],
     "05": [
         ("a8266985", "(0.38x the standard order's exposure)", "layered order exposes **0.38×** the standard order's"),
