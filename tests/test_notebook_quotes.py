@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[0-9]_*.ipynb")}
-BOXES = ["01", "02", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
-SUMMARIES = ["01", "02", "05", "06", "07", "08"]
+BOXES = ["01", "02", "03", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
+SUMMARIES = ["01", "02", "03", "05", "06", "07", "08"]
 
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
@@ -68,6 +68,46 @@ QUOTES = {
          "+0.199 [+0.125, +0.272] per tenfold N"),
         ("nb02-rule", "mean gap by depth 4 blocks -0.156, 6 blocks -0.131, 12 blocks -0.063", "(−0.156 at 4 blocks, −0.063 at 12)"),
         ("nb02-rule", "SBLD 0.38x the baseline's tokens/s, with +28.7% FLOPs per step", "0.38× the baseline's\n> tokens/s, its profile inside the timed steps (+28.7% FLOPs per step there)"),
+    ],
+    "03": [
+        ("c6382422", "equal FLOPs, 5 seeds: steps baseline 300, random_ltd 366, dense-L1 1466; tokens read: random_ltd 1.22x",
+         "it takes 366 steps instead of 300, reads 1.22× the baseline's"),
+        ("c6382422", "tokens per parameter (all parameters): baseline 1.8 (337,024 parameters), dense-L1 34.5 (87,104)",
+         "reads 34.5 tokens per parameter at this budget"),
+        ("c6382422", "equal steps, 3 seeds: random_ltd spends 0.822x the baseline's FLOPs", "spent 0.822× its\nFLOPs"),
+        ("db62aa0b", "tutorial_steps: random_ltd 300 steps vs 300: whole run 0.832x the baseline's wall time", None),
+        ("db62aa0b", "    to the same seed's baseline final loss, FLOPs: 0.63x [0.59, 0.66] (5/5 reached)",
+         "with 0.63× [0.59, 0.66] of the baseline's FLOPs and about 0.70× of its wall time"),
+        ("db62aa0b", "wall: 0.70x [0.68, 0.73] (5/5 reached)", None),
+        ("ltd-long-time", "random_ltd's step time over the baseline's: 0.822, the median over 9 rounds", "A step costs 0.82× the baseline's on one core"),
+        ("ltd-why", "tutorial budget  random_ltd       749,568      1.22x          2.2   -0.125 [-0.155, -0.096] (n=5): wins",
+         "The same FLOPs buy random-LTD 1.22× the baseline's tokens in both regimes"),
+        ("ltd-why", "50 tokens/param  random_ltd     3,502,080      1.22x         61.2   +0.038 [+0.029, +0.048] (n=5): loses", None),
+        ("ltd-why", "tutorial budget  dense-L3       1,175,552      1.91x          6.3   -0.313 [-0.346, -0.280] (n=5): wins",
+         "reading 1.91× the tokens, ends 0.313 nats/token below the baseline"),
+        ("ltd-why", "50 tokens/param  dense-L3       5,244,928      1.83x        147.4   -0.024 [-0.037, -0.011] (n=5): wins",
+         "`dense-L3`, reading 1.83× the tokens, ends only 0.024 below it"),
+        ("ltd-verdicts", "fixed size tutorial budget  equal FLOPs, random_ltd - baseline: -0.125 [-0.155, -0.096] (n=5): wins; FLOPs to the "
+         "baseline's loss 0.63x [0.59, 0.66] (5/5 reached)", "**wins** at equal FLOPs: −0.125 [−0.155, −0.096]; the baseline's final loss reached on 5/5 seeds, in 0.63× [0.59, 0.66]"),
+        ("ltd-verdicts", "free size  tutorial budget  equal FLOPs, random_ltd - frontier: +0.406 [+0.372, +0.440] (n=5): loses",
+         "**loses**: +0.406 [+0.372, +0.440] to `dense-L1`"),
+        ("ltd-verdicts", "fixed size 50 tokens/param  equal FLOPs, random_ltd - baseline: +0.038 [+0.029, +0.048] (n=5): loses; FLOPs to "
+         "the baseline's loss 0/5 reached", "**loses** at equal FLOPs: +0.038 [+0.029, +0.048]; the baseline's final loss reached within its FLOPs on 0/5 seeds"),
+        ("ltd-verdicts", "free size  50 tokens/param  equal FLOPs, random_ltd - frontier: +0.062 [+0.057, +0.068] (n=5): loses",
+         "**loses**: +0.062 [+0.057, +0.068] to `dense-L3`"),
+        ("nb03-rule", "long_short     6 x 24  at  1.8 tokens per parameter: random-LTD - same-size baseline -0.098 [-0.257, +0.062] (n=5): not resolved",
+         "it is not\n> resolved (−0.098 [−0.257, +0.062])"),
+        ("nb03-rule", "tutorial_flops 6 x 64  at  1.8 tokens per parameter: random-LTD - same-size baseline -0.125 [-0.155, -0.096] (n=5): wins",
+         "it wins at equal FLOPs (−0.125, every seed"),
+        ("nb03-rule", "long_flops     6 x 24  at 50.1 tokens per parameter: random-LTD - same-size baseline +0.038 [+0.029, +0.048] (n=5): loses",
+         "pay at 50 tokens per parameter (+0.038, loses)"),
+        ("nb03-rule", "the gap moves -0.069 [-0.118, -0.020] per tenfold N (3 df): falls; random-LTD wins at 4 of 6 sizes",
+         "it wins at 4 of the 6 sizes, its\n> gap moving −0.069 [−0.118, −0.020] per tenfold N"),
+        ("nb03-rule", "mean gap by depth 4 blocks -0.032, 6 blocks -0.049, 12 blocks -0.066", "(−0.032 at 4 blocks, −0.066 at 12)"),
+        ("nb03-rule", "random-LTD 0.20x the baseline's tokens/s, realized speed-up -27.07", "ran at 0.20× the baseline's tokens/s, a realized\n> speed-up of −27.07"),
+        ("nb03-rule", "r = 64: a step costs 0.42x the baseline's for 0.41x its FLOPs", "a step at r = 64 costs 0.42× the baseline's for 0.41× its\n> FLOPs"),
+        ("nb03-rule", "(S = 64, 4 of 6 blocks dropping, r ramping 16 -> 64): 0.83x the baseline's step for 0.82x its FLOPs", "against 0.83× for 0.82× on the tutorial model"),
+        ("d5dc7bf3", "step   0: r = 16  P(skipped by all 4 middle blocks) = (1 - 16/64)^4 = 0.3164", "about one token in three (0.316) skips every middle block"),
     ],
     "05": [
         ("a8266985", "(0.38x the standard order's exposure)", "layered order exposes **0.38×** the standard order's"),
