@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[0-9]_*.ipynb")}
-BOXES = ["01", "02", "03", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
-SUMMARIES = ["01", "02", "03", "05", "06", "07", "08"]
+BOXES = ["01", "02", "03", "04", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
+SUMMARIES = ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
@@ -108,6 +108,37 @@ QUOTES = {
         ("nb03-rule", "r = 64: a step costs 0.42x the baseline's for 0.41x its FLOPs", "a step at r = 64 costs 0.42× the baseline's for 0.41× its\n> FLOPs"),
         ("nb03-rule", "(S = 64, 4 of 6 blocks dropping, r ramping 16 -> 64): 0.83x the baseline's step for 0.82x its FLOPs", "against 0.83× for 0.82× on the tutorial model"),
         ("d5dc7bf3", "step   0: r = 16  P(skipped by all 4 middle blocks) = (1 - 16/64)^4 = 0.3164", "about one token in three (0.316) skips every middle block"),
+    ],
+    "04": [
+        ("nb04-24", "multilevel  steps  320  x0.65 FLOPs  reads 1.07x the baseline's tokens", "the cycle's 320 steps\nread 1.07× the baseline's tokens"),
+        ("nb04-24", "tokens read per parameter (all parameters): baseline 1.8, dense-L1 34.5", "(34.5 tokens per parameter at this budget)"),
+        ("nb04-long-table", "the V-cycle's coarse model: 3 blocks of width 12, 1 head(s); at this budget the cycle runs 2249 steps, reads 1.61x",
+         "runs 2,249 steps (the baseline 1,400) and\n  reads 1.61× the baseline's tokens"),
+        ("nb04-why", "tutorial budget  multilevel     1,017,856      1.66x          3.0   -0.033 [-0.043, -0.023] (n=5): wins", "(1.66× and 1.61×)"),
+        ("nb04-why", "tutorial budget  dense-L3       1,175,552      1.91x          6.3   -0.313 [-0.346, -0.280] (n=5): wins",
+         "reading 1.91× the\n  tokens, ends 0.313 nats/token below the baseline"),
+        ("nb04-why", "50 tokens/param  dense-L3       5,244,928      1.83x        147.4   -0.024 [-0.037, -0.011] (n=5): wins",
+         "reading 1.83× the\n  tokens, ends only 0.024 below it"),
+        ("nb04-verdicts", "fixed size tutorial budget  equal FLOPs, V-cycle - baseline: -0.033 [-0.043, -0.023] (n=5): wins; FLOPs to the "
+         "baseline's loss 0.87x [0.84, 0.90] (5/5 reached)", "**wins** at equal FLOPs: −0.033 [−0.043, −0.023]; the baseline's final loss reached on 5/5 seeds in 0.87× [0.84, 0.90]"),
+        ("nb04-verdicts", "free size  tutorial budget  equal FLOPs, V-cycle - frontier: +0.499 [+0.468, +0.529] (n=5): loses",
+         "**loses**: +0.499 [+0.468, +0.529] to `dense-L1`"),
+        ("nb04-verdicts", "fixed size 50 tokens/param  equal FLOPs, V-cycle - baseline: +0.035 [+0.012, +0.057] (n=5): loses; FLOPs to the "
+         "baseline's loss 0/5 reached", "**loses** at equal FLOPs: +0.035 [+0.012, +0.057]; the baseline's final loss reached within its FLOPs on 0/5 seeds"),
+        ("nb04-verdicts", "free size  50 tokens/param  equal FLOPs, V-cycle - frontier: +0.059 [+0.036, +0.081] (n=5): loses",
+         "**loses**: +0.059 [+0.036, +0.081] to `dense-L3`"),
+        ("nb04-verdicts", "equal steps, tutorial budget (the cycle reads 1.07x the baseline's tokens): V-cycle - baseline +0.164 [+0.113, +0.215] (n=3): loses",
+         "(the cycle reads 1.07× the baseline's tokens, spends 0.65× its FLOPs): +0.164 [+0.113, +0.215], 3 seeds"),
+        ("nb04-rule", "long_short     6 x 24  at  1.8 tokens per parameter: the V-cycle - same-size baseline -0.207 [-0.446, +0.032] (n=5): not resolved",
+         "same 1.8 tokens per parameter (−0.207 [−0.446, +0.032])"),
+        ("nb04-rule", "tutorial_flops 6 x 64  at  1.8 tokens per parameter: the V-cycle - same-size baseline -0.033 [-0.043, -0.023] (n=5): wins",
+         "it wins at equal FLOPs (−0.033, every"),
+        ("nb04-rule", "long_flops     6 x 24  at 50.1 tokens per parameter: the V-cycle - same-size baseline +0.035 [+0.012, +0.057] (n=5): loses",
+         "loses at 50 (+0.035)"),
+        ("nb04-rule", "the gap moves +0.042 [-0.077, +0.160] per tenfold N (3 df): flat within noise; the V-cycle wins at 1 of 6 sizes",
+         "it wins at only 1 of the 6 sizes, its gap flat in\n> depth (+0.042 [−0.077, +0.160] per tenfold N)"),
+        ("nb04-rule", "the V-cycle 1.26x the baseline's tokens/s, realized speed-up 0.63", "ran\n> at 1.26× the baseline's tokens/s, a realized speed-up of 0.63"),
+        ("nb04-rule", "the half-size stage ran at 1.90x the first full-size stage's tokens/s", "its half-size stage at 1.90× the first full-size\n> stage's tokens/s"),
     ],
     "05": [
         ("a8266985", "(0.38x the standard order's exposure)", "layered order exposes **0.38×** the standard order's"),
