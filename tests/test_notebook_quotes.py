@@ -16,10 +16,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[0-9]_*.ipynb")}
 BOXES = ["01", "02", "03", "04", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
-SUMMARIES = ["01", "02", "03", "04", "05", "06", "07", "08"]
+SUMMARIES = ["00", "01", "02", "03", "04", "05", "06", "07", "08"]
 
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
+    "00": [
+        ("4afe3cfe", " unigram: 3.3222 nats on the eval windows | whole split 3.3289 nats = 4.8026 bits/byte", None),
+        ("4afe3cfe", "  bigram: 2.5484 nats on the eval windows | whole split 2.5444 nats = 3.6708 bits/byte", None),
+        ("a974109a", "chosen vs bigram (2.5484): -0.2155 nats", "the tuned baseline ends 0.22 nats below the bigram line"),
+        ("fa499e33", "tutorial budget: baseline 337,024 parameters (all), 614,400 tokens: 1.8 tokens per parameter",
+         "the tutorial baseline reads 1.8 tokens per parameter"),
+        ("fa499e33", "50 tokens/param: baseline 57,264 parameters (all), 2,867,200 tokens: 50.1 tokens per parameter (2.5x", "Its 50 tokens per parameter\nare 2.5× Hoffmann et al.'s ~20"),
+        ("6a5ba129", "its optimum reads 129 tokens per parameter [105, 160] (per seed 106-168); the 6-block baseline is 1.5x the optimal size",
+         "optimum at about 129 tokens per parameter and the\n6-block baseline at about 1.5× the optimal size"),
+        ("32296128", "N_opt ∝ C^a: a = 0.55 [0.42, 0.68] (2 residual df)", "a = 0.55 [0.42, 0.68]"),
+        ("32296128", "D_opt ∝ C^b: b = 0.41 [0.28, 0.55] (2 residual df)", "b = 0.41 [0.28, 0.55]"),
+        ("32296128", "4x64@80   1.21e+11    21,848  1,203,893   2.077  55 [30, 102] (n=3)", "is 39–55 tokens per parameter, not ~20"),
+        ("32296128", "12x64     1.30e+12    80,686  3,183,878   1.796  39 [21, 73] (n=3)", None),
+        ("32296128", "approach 3 on 23 points (5 parameters): E = 1.53, alpha = 0.66, beta = 0.78, a = beta/(alpha+beta) = 0.54; RMS residual 0.085 nats",
+         "the 23 points of the profiles) gives a similar a = 0.54, but it fits\n  poorly: its RMS residual is 0.085 nats"),
+        ("69d19297", "tutorial baseline: C = 1.33e+12, N = 337,024 (4.3x the fitted N_opt there), D/N = 1.8", "The tutorial baseline is 4.3× the compute-optimal size"),
+        ("69d19297", "6 x 24 baseline (50 tokens/param): C = 1.14e+12, N = 57,264 (0.8x the fitted N_opt there), D/N = 50.1", "is 0.8× the one-block grid's optimal size"),
+        ("a11549a0", "12x64     width  64: 0.5x LR +0.023 [-0.013, +0.059] (n=3): not resolved at 3 seeds; 2x LR -0.017 [-0.047, +0.014]",
+         "2× is 0.017 nats better in the mean"),
+        ("a11549a0", "its tuned LR 0.02857 is 1.53x the rule's", "is 1.53× the rule's"),
+    ],
     "01": [
         ("cell-18", "live PLD run: 4.3300 blocks per micro-batch", "it ran 4.33 of 6 blocks per micro-batch"),
         ("cell-18", "FLOPs of the PLD run: 0.734 x the baseline's", "and 0.73× the baseline's FLOPs at equal steps"),
@@ -342,3 +363,20 @@ def test_each_notebook_ends_with_a_five_line_summary(nb):
     b = next((k for k, c in enumerate(cs) if "**When would you use it?**" in "".join(c["source"])), -1)
     assert at[0] > b and len(cs) - at[0] <= 3            # after the box, among the last cells (full scale, exercises)
     assert (nb in BOXES) == (b >= 0)                     # 00 and 09 have no box
+
+
+def test_00_has_a_light_path_for_a_class():
+    """Issue 45, item 6: the lm-eval scoring (and the check that reuses its scores) and the 2-process run are optional
+    behind one flag (ACCELLIB_FULL=0, FULL in the cell after the setup cell); each skipped cell says so in one line,
+    and the header states what the light path saves. The default is the full path (nbval runs it)."""
+    cs = cells("00")
+    assert 'FULL = os.environ.get("ACCELLIB_FULL", "1") != "0"' in "".join(cs[2]["source"])
+    heavy = [c for c in cs if c["cell_type"] == "code" and any(k in "".join(c["source"]) for k in
+                                                               ("evaluate_run(", "torchrun", "cloze_items("))]
+    assert len(heavy) == 3
+    for c in heavy:
+        body = [line for line in "".join(c["source"]).splitlines() if not line.startswith("#")]
+        assert body[0] == "if not FULL:" and body[1].lstrip().startswith('print("light path (ACCELLIB_FULL=0)')
+        assert body[2] == "else:" and "light path" not in printed(c)          # the stored outputs are the full path's
+    head = "".join(cs[0]["source"])
+    assert "**A lighter path for a class.**" in head and "`ACCELLIB_FULL=0`" in head
