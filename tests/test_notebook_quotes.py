@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NB = {p.name[:2]: p for p in (ROOT / "notebooks").glob("0[0-9]_*.ipynb")}
 BOXES = ["01", "02", "03", "04", "05", "06", "07", "08"]                  # the technique notebooks with their "When would you use it?" box
-SUMMARIES = ["00", "01", "02", "03", "04", "05", "06", "07", "08"]
+SUMMARIES = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
 
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
@@ -313,6 +313,58 @@ QUOTES = {
         ("af329ae7", "digits CNN: 1000 steps x 128 images = 89 epochs of 1438 training images", "1000 steps = 89 epochs of 1438 images"),
         ("af329ae7", "free size, GPT: no LN + SL - the tutorial frontier (dense-L1, bracketed: True): +0.590 [+0.564, +0.616] (n=3): loses",
          "+0.590 [+0.564, +0.616] nats/token"),
+    ],
+    "09": [
+        ("nb09-03", "baselines: 0.13 to 1.30 tokens per parameter, 15x to 160x below the compute-optimal ~20",
+         "between 0.13 and 1.30 tokens per parameter (all\nparameters counted; printed above): 15 to 160 times fewer"),
+        ("nb09-03", "  4   64       237,056 7.00e-03", "Over 0.24M–2.45M parameters"),
+        ("nb09-03", " 12  128     2,453,504 3.50e-03", None),
+        ("nb09-03", "the 6 x 24 config's tuned LR is 1.53x the rule's", "the 6 × 24 config's tuned LR is 1.53× what it gives"),
+        ("nb09-13", "t multipliers: 1 df 12.71, 3 df 3.18, 4 df 2.78", "the interval's t is 12.71 (against 2.78 at\n  4 df)"),
+        ("nb09-13", "+0.167 [-0.031, +0.364] flat within noise", "width 64 +0.167 [−0.031, +0.364] per decade"),
+        ("nb09-13", "-0.057 [-0.192, +0.079] flat within noise", "(width 64: −0.057 [−0.192, +0.079])"),
+        ("nb09-13", "-0.069 [-0.118, -0.020] falls", "its interval ends at −0.020"),
+        ("nb09-15", "sbld: gap to the compute-optimal plain model per decade of N (width 64, 1 df) +0.372 [+0.338, +0.406] rises",
+         "(slope +0.372 [+0.338, +0.406] per decade"),
+        ("nb09-15", "tokens per parameter at the optimum, the four budgets of the grid: 39-55", "at 39–55 tokens per parameter"),
+        ("nb09-18", "pld: wins at 0, loses at 2, not resolved at 4 of 6 sizes; gap +0.025 to +0.040", "(by +0.025 to +0.040 nats)"),
+        ("nb09-18", "sbld: wins at 6, loses at 0, not resolved at 0 of 6 sizes; gap -0.170 to -0.062", "wins at every size (−0.170 to −0.062)"),
+        ("nb09-18", "gap to the compute-optimal plain model: +0.43 to +0.71 nats; it reads 34-98 tokens per parameter, the width-64 baselines 0.48-1.30",
+         "reads 34–98 tokens per parameter, against 0.48–1.30 for the width-64 baselines"),
+        ("nb09-21", "the 50-tokens-per-parameter baseline: 57,264 parameters (all), 2,867,200 tokens: 50.1 tokens per parameter (2.5x",
+         "2.5 times Hoffmann\net al.'s ~20"),
+        ("nb09-21", "its width-24 family's compute-optimum at this budget: 129 tokens per parameter [105, 160]; the baseline is 1.5x",
+         "puts its optimum at about 129 (printed in section 6)"),
+        ("nb09-21", "the sweep's 6 x 64 baseline: 337,024 parameters (all), 307,200 tokens: 0.91 tokens per parameter",
+         "(under-trained,\n0.91 tokens per parameter, 3 seeds)"),
+        ("nb09-24", "        pld   1.36x +0.040 [-0.003, +0.083] (n=3): not resolved at 3 seeds |   1.32x +0.086 [+0.071, +0.101] (n=5): loses",
+         "| PLD | +0.040 [−0.003, +0.083] not resolved |"),
+        ("nb09-24", "       sbld   1.67x -0.118 [-0.139, -0.098] (n=3): wins    |   1.58x +0.011 [-0.008, +0.031] (n=5): not resolved",
+         "(1.22–1.67x the baseline's in the sweep, 1.22–1.61x at 50 tokens per parameter)"),
+        ("nb09-24", " random_ltd   1.22x -0.047 [-0.066, -0.028] (n=3): wins    |   1.22x +0.038 [+0.029, +0.048] (n=5): loses", None),
+        ("nb09-24", " multilevel   1.66x -0.041 [-0.067, -0.014] (n=3): wins    |   1.61x +0.035 [+0.012, +0.057] (n=5): loses", None),
+        ("nb09-24", "   dense-L3   1.91x -0.268 [-0.283, -0.253] (n=3): wins    |   1.83x -0.024 [-0.037, -0.011] (n=5): wins",
+         "reads 1.91x the baseline's tokens gains 0.268 nats over it in the\n  sweep, and one that reads 1.83x gains 0.024"),
+        ("nb09-26", "50 tokens/param, equal FLOPs: vs same size +0.086 [+0.071, +0.101] (n=5): loses; vs frontier +0.110 [+0.093, +0.128] (n=5): loses",
+         "| +0.086 [+0.071, +0.101] loses | +0.110 [+0.093, +0.128] loses |"),
+        ("nb09-26", "50 tokens/param, equal FLOPs: vs same size +0.011 [-0.008, +0.031] (n=5): not resolved at 5 seeds; vs frontier +0.035 [+0.021, +0.049]",
+         "| +0.011 [−0.008, +0.031] not resolved | +0.035 [+0.021, +0.049] loses |"),
+        ("nb09-26", "50 tokens/param, equal FLOPs: vs same size +0.038 [+0.029, +0.048] (n=5): loses; vs frontier +0.062 [+0.057, +0.068] (n=5): loses",
+         "| +0.038 [+0.029, +0.048] loses | +0.062 [+0.057, +0.068] loses |"),
+        ("nb09-26", "50 tokens/param, equal FLOPs: vs same size +0.035 [+0.012, +0.057] (n=5): loses; vs frontier +0.059 [+0.036, +0.081] (n=5): loses",
+         "| +0.035 [+0.012, +0.057] loses | +0.059 [+0.036, +0.081] loses |"),
+        ("nb09-26", "FLOPs to the baseline's loss 2/5 reached: 1.00x, 0.98x; 3 not within 1.00x; sign test 1 below, 3 above, 1 within 1.1% of 1x (p=0.62)",
+         "reached on 2 of 5 seeds (1.00x, 0.98x): not resolved"),
+        ("nb09-26", "sweep 6 x 64: vs same size +0.040 [-0.003, +0.083] (n=3): not resolved at 3 seeds; vs the compute-optimal plain model +0.658 [+0.607, +0.709]",
+         "| +0.658 [+0.607, +0.709] loses |"),
+        ("nb09-26", "sweep 6 x 64: vs same size -0.118 [-0.139, -0.098] (n=3): wins; vs the compute-optimal plain model +0.500 [+0.478, +0.521]",
+         "| −0.118 [−0.139, −0.098] wins | +0.500 [+0.478, +0.521] loses |"),
+        ("nb09-26", "sweep 6 x 64: vs same size -0.047 [-0.066, -0.028] (n=3): wins; vs the compute-optimal plain model +0.571 [+0.557, +0.584]",
+         "| −0.047 [−0.066, −0.028] wins | +0.571 [+0.557, +0.584] loses |"),
+        ("nb09-26", "sweep 6 x 64: vs same size -0.041 [-0.067, -0.014] (n=3): wins; vs the compute-optimal plain model +0.577 [+0.548, +0.606]",
+         "| −0.041 [−0.067, −0.014] wins | +0.577 [+0.548, +0.606] loses |"),
+        ("nb09-26", "the 3-block plain model (the frontier), FLOPs to the 6-block baseline's loss: 0.85x [0.83, 0.88] (5/5 reached)",
+         "with 0.85x [0.83, 0.88] of its FLOPs"),
     ],
 }
 
