@@ -44,9 +44,10 @@ Near compute-optimal (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 to
 The papers' regime (configs/overtrained.yaml: 6 blocks x width 16 at 849 tokens per parameter of fresh text;
 benchmarks/overtrained.py says why and how):
   ot_lr_sweep        its peak LR at that horizon, 3 seeds, the ladder extended until the best LR is interior
-  ot_flops           every arm at the baseline's FLOPs, 5 seeds, with the plain models of the same family
-                     (overtrained.PROFILE) trained to the same FLOPs: the IsoFLOP profile that shows the baseline
-                     is past its compute-optimum, the same-size gap and the bracketed frontier
+  ot_profile         the plain models of the same family (overtrained.PROFILE) trained to the baseline's FLOPs,
+                     3 seeds: the IsoFLOP profile that shows whether the baseline is past its compute-optimum
+  ot_flops           every arm at the baseline's FLOPs, 5 seeds, with the profile's best plain model: the
+                     same-size gap and the gap to the frontier
   ot_short           the same config at 50 tokens per parameter (every schedule scaled with the run), 5 seeds
   long_short         configs/fixed_size_long.yaml at 1.8 tokens per parameter (the tutorial's), 5 seeds: regime
                      apart from width
@@ -220,7 +221,8 @@ def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
     return out
 
 
-CONFIG_OF = {"ot_lr_sweep": "overtrained.yaml", "ot_flops": "overtrained.yaml", "ot_short": "overtrained.yaml",
+CONFIG_OF = {"ot_lr_sweep": "overtrained.yaml", "ot_profile": "overtrained.yaml", "ot_flops": "overtrained.yaml",
+             "ot_short": "overtrained.yaml",
              "long_short": "fixed_size_long.yaml", "long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
              "long_flops_lr": "fixed_size_long.yaml",
              "tutorial_ouroboros": "ouroboros.yaml", "tutorial_ouroboros_lr": "ouroboros_lr.yaml"}
@@ -300,15 +302,18 @@ def main() -> int:
                     lambda cfg, arms: compare(cfg, out, arms, "steps", seeds, extra, args.jobs),
                     rounds=1 if args.quick else 6)
 
-    def generated(name: str, made: tuple[Path, list[str]], budget: str = "flops") -> dict:
-        """A comparison over a YAML this script wrote (beside its folder), stored in the record."""
+    def generated(name: str, made: tuple[Path, list[str]], n_seeds: int | None = None) -> dict:
+        """An equal-FLOPs comparison over a YAML this script wrote (beside its folder), stored in the record."""
         cfg, arms_ = made
-        return dict(compare(cfg, runs / name, arms_, budget, headline, extra, args.jobs),
+        return dict(compare(cfg, runs / name, arms_, "flops", n_seeds or headline, extra, args.jobs),
                     generated_config=yaml.safe_load(cfg.read_text()))
+    cached = lambda name: done.get(name) or json.loads((ROOT / "results" / f"{name}.json").read_text())
     long_arms = list(yaml.safe_load(LONG_CONFIG.read_text())["arms"])
     experiments = {
         "ot_lr_sweep": ot_sweep,
-        "ot_flops": lambda: generated("ot_flops", overtrained.flops_yaml(runs / "ot_flops")),
+        "ot_profile": lambda: generated("ot_profile", overtrained.profile_yaml(runs / "ot_profile"),
+                                        2 if args.quick else overtrained.PROFILE_SEEDS),
+        "ot_flops": lambda: generated("ot_flops", overtrained.flops_yaml(runs / "ot_flops", cached("ot_profile"))),
         "ot_short": lambda: generated("ot_short", overtrained.short_yaml(
             overtrained.CONFIG, runs / "ot_short", overtrained.SHORT_TOKENS_PER_PARAM)),
         "long_short": lambda: generated("long_short", overtrained.short_yaml(
@@ -337,7 +342,8 @@ def main() -> int:
                                                  list(yaml.safe_load(OUROBOROS_LR_CONFIG.read_text())["arms"]),
                                                  "steps", seeds, extra, args.jobs),
     }
-    configs = {"ot_lr_sweep": overtrained.CONFIG, "ot_flops": overtrained.CONFIG, "ot_short": overtrained.CONFIG,
+    configs = {"ot_lr_sweep": overtrained.CONFIG, "ot_profile": overtrained.CONFIG, "ot_flops": overtrained.CONFIG,
+               "ot_short": overtrained.CONFIG,
                "long_short": LONG_CONFIG, "long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
                "long_flops_lr": LONG_CONFIG,
                "tutorial_ouroboros": OUROBOROS_CONFIG,   # the file whose config a record stores (default tutorial.yaml)

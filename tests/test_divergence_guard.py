@@ -69,8 +69,8 @@ def test_a_corrupted_stretch_of_the_token_file_does_not_stop_the_run(tiny_data_d
     data = _corrupted_copy(tiny_data_dir, tmp_path / "data")
     batch = LMTask.batch
 
-    def unlucky(self, step, index):
-        x, y = batch(self, step, index)
+    def unlucky(self, step, index, per_step=1):
+        x, y = batch(self, step, index, per_step)
         if not 17 <= step < 20:
             return x, y
         train, T = self.data.train, x.size(1)
@@ -91,8 +91,8 @@ def _garbage_stretch(monkeypatch, first: int, end: int, token: int = 7):
     order): the data of a step is a function of (seed, step + data offset), so a rewind that skips batches skips it."""
     batch = LMTask.batch
 
-    def garbled(self, step, index):
-        x, y = batch(self, step, index)
+    def garbled(self, step, index, per_step=1):
+        x, y = batch(self, step, index, per_step)
         return (torch.full_like(x, token), torch.full_like(y, token)) if first <= step < end else (x, y)
     monkeypatch.setattr(LMTask, "batch", garbled)
 

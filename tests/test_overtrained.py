@@ -69,3 +69,18 @@ def test_gaps_by_length_orders_the_points():
     g = gaps_by_length(res, ("pld", "random_ltd"))
     assert [p["experiment"] for p in g["pld"]] == ["tutorial_flops", "long_flops"]
     assert g["pld"][0]["tokens_per_param"] < 2 < 50 <= g["pld"][1]["tokens_per_param"]
+
+
+def test_the_flops_comparison_adds_the_profiles_best_plain_model(tmp_path):
+    rows = lambda best: {"summary": {"rows": [{"arm": "baseline", "val_loss": 2.1}, {"arm": "dense-L12", "val_loss": 2.2},
+                                              {"arm": best, "val_loss": 2.0}]}}
+    path, arms = overtrained.flops_yaml(tmp_path / "ot_flops", rows("dense-L6-d32"))
+    raw = yaml.safe_load(path.read_text())
+    techniques = [a for a in yaml.safe_load(overtrained.CONFIG.read_text())["arms"] if a != "baseline"]
+    assert arms == ["baseline", "dense-L6-d32", *techniques]
+    assert raw["arms"]["dense-L6-d32"] == overtrained.profile_arms(raw)["dense-L6-d32"]   # the profile's LR rule
+    prof_path, prof_arms = overtrained.profile_yaml(tmp_path / "ot_profile")
+    assert prof_arms == ["baseline", *overtrained.profile_arms(raw)] and len(prof_arms) == len(overtrained.PROFILE) + 1
+    # a baseline that is its own family's best adds nothing
+    base_best = {"summary": {"rows": [{"arm": "baseline", "val_loss": 1.9}, {"arm": "dense-L12", "val_loss": 2.2}]}}
+    assert overtrained.flops_yaml(tmp_path / "x", base_best)[1] == ["baseline", *techniques]
