@@ -44,6 +44,7 @@ Near compute-optimal (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 to
 The papers' regime (configs/overtrained.yaml: 6 blocks x width 16 at 849 tokens per parameter of fresh text;
 benchmarks/overtrained.py says why and how):
   ot_lr_sweep        its peak LR at that horizon, 3 seeds, the ladder extended until the best LR is interior
+  ot_lr_check        the tuned LR against 0.5x and 2x it, 5 seeds (the sweep's 1.43x neighbours are not resolved)
   ot_profile         the plain models of the same family (overtrained.PROFILE) trained to the baseline's FLOPs,
                      3 seeds: the IsoFLOP profile that shows whether the baseline is past its compute-optimum
   ot_flops           every arm at the baseline's FLOPs, 5 seeds, with the profile's best plain model: the
@@ -221,7 +222,7 @@ def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
     return out
 
 
-CONFIG_OF = {"ot_lr_sweep": "overtrained.yaml", "ot_profile": "overtrained.yaml", "ot_flops": "overtrained.yaml",
+CONFIG_OF = {"ot_lr_sweep": "overtrained.yaml", "ot_lr_check": "overtrained.yaml", "ot_profile": "overtrained.yaml", "ot_flops": "overtrained.yaml",
              "ot_short": "overtrained.yaml",
              "long_short": "fixed_size_long.yaml", "long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
              "long_flops_lr": "fixed_size_long.yaml",
@@ -302,6 +303,10 @@ def main() -> int:
                     lambda cfg, arms: compare(cfg, out, arms, "steps", seeds, extra, args.jobs),
                     rounds=1 if args.quick else 6)
 
+    def ot_lr_check():
+        cfg, arms_ = overtrained.lr_check_yaml(runs / "ot_lr_check")
+        return compare(cfg, runs / "ot_lr_check", arms_, "steps", headline, extra, args.jobs)
+
     def generated(name: str, made: tuple[Path, list[str]], n_seeds: int | None = None) -> dict:
         """An equal-FLOPs comparison over a YAML this script wrote (beside its folder), stored in the record."""
         cfg, arms_ = made
@@ -311,6 +316,7 @@ def main() -> int:
     long_arms = list(yaml.safe_load(LONG_CONFIG.read_text())["arms"])
     experiments = {
         "ot_lr_sweep": ot_sweep,
+        "ot_lr_check": ot_lr_check,
         "ot_profile": lambda: generated("ot_profile", overtrained.profile_yaml(runs / "ot_profile"),
                                         2 if args.quick else overtrained.PROFILE_SEEDS),
         "ot_flops": lambda: generated("ot_flops", overtrained.flops_yaml(runs / "ot_flops", cached("ot_profile"))),
@@ -342,7 +348,7 @@ def main() -> int:
                                                  list(yaml.safe_load(OUROBOROS_LR_CONFIG.read_text())["arms"]),
                                                  "steps", seeds, extra, args.jobs),
     }
-    configs = {"ot_lr_sweep": overtrained.CONFIG, "ot_profile": overtrained.CONFIG, "ot_flops": overtrained.CONFIG,
+    configs = {"ot_lr_sweep": overtrained.CONFIG, "ot_lr_check": overtrained.CONFIG, "ot_profile": overtrained.CONFIG, "ot_flops": overtrained.CONFIG,
                "ot_short": overtrained.CONFIG,
                "long_short": LONG_CONFIG, "long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
                "long_flops_lr": LONG_CONFIG,

@@ -84,3 +84,11 @@ def test_the_flops_comparison_adds_the_profiles_best_plain_model(tmp_path):
     # a baseline that is its own family's best adds nothing
     base_best = {"summary": {"rows": [{"arm": "baseline", "val_loss": 1.9}, {"arm": "dense-L12", "val_loss": 2.2}]}}
     assert overtrained.flops_yaml(tmp_path / "x", base_best)[1] == ["baseline", *techniques]
+
+
+def test_the_lr_check_brackets_the_tuned_lr_at_twice_the_ladder_step(tmp_path):
+    path, arms = overtrained.lr_check_yaml(tmp_path / "ot_lr_check")
+    raw = yaml.safe_load(path.read_text())
+    lr = raw["optim"]["lr"]
+    assert arms == ["baseline", f"lr{lr / 2:g}", f"lr{lr * 2:g}"]
+    assert [raw["arms"][a]["optim"]["lr"] for a in arms[1:]] == [pytest.approx(lr / 2), pytest.approx(lr * 2)]
