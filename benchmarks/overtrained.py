@@ -47,7 +47,8 @@ CONFIG = ROOT / "configs" / "overtrained.yaml"
 LONG_CONFIG = ROOT / "configs" / "fixed_size_long.yaml"
 BASE_WIDTH = 16
 # the plain models of the profile: (blocks, width); the baseline is (6, 16)
-PROFILE = ((3, 16), (12, 16), (24, 16), (6, 24), (12, 24), (6, 32), (12, 32))
+PROFILE = ((3, 16), (12, 16), (6, 24), (6, 32), (24, 16), (12, 24), (12, 32))   # the wider 6-block arms first:
+                                                                                # they decide whether a larger model wins
 LR_GRID = (0.01, 0.014, 0.02, 0.0286)   # the sweep's first pass (the ladder grows by x1.43 at an end)
 SHORT_TOKENS_PER_PARAM = 50.0           # ot_short: the near-compute-optimal point of the same family
 LONG_SHORT_TOKENS_PER_PARAM = 1.8       # long_short: the 6 x 24 config at the tutorial's tokens per parameter
