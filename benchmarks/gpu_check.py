@@ -138,6 +138,9 @@ def run_check(c) -> None:
                *(f"point:{p}" for p in SECONDARY), "shapes:random_ltd", "predict", "check:pld", "check:random_ltd",
                "fp8_table"]
     names = ["matmul_peak", "trainer_vs_plain", *c.order]
+    for name in c.skip:
+        rec.skip(name, "left out by --skip (measured in another call)")
+    names = [n for n in names if n not in c.skip]
     if not (env.get("compile_probe") or {}).get("ok", False):
         for name in ["point:baseline", *names]:
             rec.skip(name, "train.compile=blocks cannot run: the compile probe failed (environment.compile_probe)")
@@ -171,12 +174,21 @@ def main(argv=None) -> int:
                          "default: the table in accellib/core/hardware.py, which needs it for a GPU it does not list")
     ap.add_argument("--compile-backend", default=None, choices=["inductor", "aot_eager", "eager"],
                     help="--smoke only: train.compile's backend (default eager; inductor needs a C compiler)")
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out, e.g. trainer_vs_plain when a "
+                                               "device budget measures it in another call (listed as skipped)")
     ap.add_argument("--loop-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     if args.loop_worker:
         from gpu.loops import loop_worker
         return loop_worker(json.loads(args.loop_worker))
+    skip = [p for p in args.skip.split(",") if p]
+    known = {"matmul_peak", "trainer_vs_plain", "vcycle", "profile", "shapes:random_ltd", "predict", "check:pld",
+             "check:random_ltd", "fp8_table"}
+    bad = [p for p in skip if p not in known and not p.startswith("point:")]
+    if bad or "point:baseline" in skip:
+        ap.error(f"--skip {','.join(bad) or 'point:baseline'}: not a part that can be left out; give some of "
+                 f"{', '.join(sorted(known))} or point:<technique>@<x> (the baseline point is always run)")
     if args.compile_backend and not args.smoke:
         ap.error("--compile-backend is for --smoke; the GPU check measures the shipped config's inductor")
     problem = preflight(args.smoke)
@@ -207,6 +219,7 @@ def main(argv=None) -> int:
     print(f"gpu_check: {gpu}, torch {torch.__version__}; deadline {args.deadline:.0f} s; writing {out} after every part",
           flush=True)
     c = Check(args, rec, clock)
+    c.skip = skip
     c.import_s = clock.elapsed()
     run_check(c)
     clock.disarm()

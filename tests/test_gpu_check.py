@@ -461,3 +461,18 @@ def test_the_docs_state_the_h200_record_as_it_is():
     readme = (root / "README.md").read_text()
     assert f"{100 * tv['mfu']['accellib+compile']['datasheet']:.0f}% MFU against 45%" in readme
     assert len(ran) == 10 and "All ten ran on an H200" in readme
+
+
+def test_skip_leaves_parts_out_and_says_so(tmp_path):
+    """--skip: a device budget that measured a part in another call leaves it out, listed with the reason; a name
+    that is not a part (or the baseline point) is refused in one line."""
+    bad = run(SMOKE + ["--skip", "point:baseline"], timeout=60)
+    assert bad.returncode == 2 and "always run" in bad.stderr.strip().splitlines()[-1]
+    out = tmp_path / "skip.json"
+    left = [p for p in CPU_PARTS if p not in ("environment", "point:baseline", "point:pld@0.5")]
+    p = run(SMOKE + ["--deadline", "300", "--out", str(out), "--skip", ",".join(left)], timeout=360)
+    assert p.returncode == 0, p.stderr[-800:]
+    rec = json.loads(out.read_text())
+    assert rec["parts"]["point:pld@0.5"]["status"] == "done"
+    for name in left:
+        assert name not in rec["parts"] and "--skip" in rec["skipped"][name], name

@@ -216,6 +216,22 @@ def _fsdp_on_cpu(acc, plugin) -> None:
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
 
+def _release_single_process_state(cpu: bool, mixed_precision: str) -> None:
+    """Let one process build a second trainer with another precision or device (a notebook's CPU runs, then its
+    GPU cell): Accelerate keeps the first Accelerator's state for the whole process and refuses a different
+    mixed_precision. Without a process group nothing else holds that state, so it is dropped and built again;
+    under a launch (WORLD_SIZE set) it is never touched."""
+    from accelerate.state import AcceleratorState, PartialState
+    if "WORLD_SIZE" in os.environ or not AcceleratorState._shared_state:
+        return
+    state = AcceleratorState()
+    if state.distributed_type.value != "NO":
+        return
+    if str(state.mixed_precision) != mixed_precision or (state.device.type == "cpu") != cpu:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        PartialState._reset_state()
+
+
 def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", device: str = "auto",
                      **kwargs):
     from accelerate import Accelerator
@@ -228,6 +244,7 @@ def make_accelerator(ddp_kwargs: dict | None = None, precision: str = "auto", de
         raise LaunchError("an FSDP launch with one process shards nothing; start 2 or more processes "
                           f"(accelerate launch --config_file {FSDP_CONFIGS.split(' ')[0]} -m accellib.train ...)")
     handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs and plugin is None else []
+    _release_single_process_state(cpu, mixed_precision_for(precision))
     # dynamo "no" explicitly: the compile is train.compile's (accellib.core.trainer.compile_blocks), never prepare()'s
     acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision_for(precision), dynamo_backend="no",
                       kwargs_handlers=handlers, fsdp_plugin=plugin, **kwargs)
