@@ -62,15 +62,16 @@ def test_realized_speedup_is_time_saving_over_flops_saving():
 def test_without_cuda_the_cell_quotes_the_committed_record(monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    rec = json.loads((ROOT / gpu_cell.RECORD).read_text())
+    parts = json.loads((ROOT / gpu_cell.RECORD).read_text())["parts"]
     _, text = printed(gpu_cell.run, "SL's overhead", "configs/tutorial.yaml", {"a": [], "b": []},
                       record="standardization_loss", notebook="08")
-    ratio = rec["arms"]["standardization_loss"]["tok_per_s"] / rec["arms"]["baseline"]["tok_per_s"]
+    sl, base = parts["point:standardization_loss"], parts["point:baseline"]
     assert text.count("\n") == 2 and text.startswith("No CUDA device here") and gpu_cell.RECORD in text
-    assert f"{ratio:.2f}x its speed" in text and f"{rec['arms']['baseline']['tok_per_s']:,.0f}" in text
+    assert f"{sl['tok_per_s'] / base['tok_per_s']:.2f}x its speed." in text and f"{base['tok_per_s']:,.0f}" in text
     _, text = printed(gpu_cell.run, "x", "configs/tutorial.yaml", {"a": []}, record="ouroboros", notebook="06")
     nb = json.loads((ROOT / gpu_cell.NOTEBOOKS_RECORD).read_text())["notebooks"]["06_ouroboros.ipynb"]
     assert "has no ouroboros point" in text and f"{nb['seconds']:.0f} s" in text and gpu_cell.NOTEBOOKS_RECORD in text
+    assert f"at most {nb['cuda_max_allocated_mb']:,.0f} MB of GPU memory" in text and "before it had" not in text
 
 
 def test_the_gpu_check_times_with_the_same_code():
@@ -82,18 +83,43 @@ def test_the_gpu_check_times_with_the_same_code():
 
 
 def test_without_cuda_the_record_s_savings_and_stages_are_quoted():
-    # 01-04 quote points with a realized speed-up (a negative one reads only beside the two savings it divides),
-    # one with more FLOPs than the baseline (SBLD's profile fell in the timed steps) and the V-cycle's stages
-    rec = json.loads((ROOT / gpu_cell.RECORD).read_text())["arms"]
-    text = gpu_cell.skip("x", "random_ltd", "03")
-    rs = rec["random_ltd"]["realized_speedup"]
-    assert f"realized speed-up {rs['realized']:.2f} (time saving {rs['time_saving']:+.1%} / FLOPs saving " in text
-    assert f"{rec['random_ltd']['tok_per_s'] / rec['baseline']['tok_per_s']:.2f}x its speed" in text
-    text = gpu_cell.skip("x", "sbld", "02")
-    assert "realized" not in text and f"with {-rec['sbld']['realized_speedup']['flops_saving']:+.1%} FLOPs per step" in text
+    # 01-03 quote their technique's point (a negative realized speed-up reads only beside the two savings it
+    # divides), 04 the V-cycle's half-size level against its full-size one and the predicted whole run, 07 says
+    # that no Linear converted to FP8 (the point then times bf16 against bf16)
+    rec = json.loads((ROOT / gpu_cell.RECORD).read_text())
+    parts, base = rec["parts"], rec["parts"]["point:baseline"]
+    for technique, point, nb in (("pld", "pld@0.5", "01"), ("sbld", "sbld@0.5", "02"), ("random_ltd", "random_ltd@1/2", "03")):
+        text, p = gpu_cell.skip("x", technique, nb), parts[f"point:{point}"]
+        rs = p["vs_baseline"]
+        assert f"): {point} {p['tok_per_s']:,.0f} tok/s against the baseline's {base['tok_per_s']:,.0f}, " in text
+        assert (f"{p['tok_per_s'] / base['tok_per_s']:.2f}x its speed, realized speed-up {rs['realized']:.2f} "
+                f"(time saving {rs['time_saving']:+.1%} / FLOPs saving {rs['flops_saving']:+.1%})") in text
+        assert text.count("\n") == 1
+    assert parts["point:random_ltd@1/2"]["vs_baseline"]["realized"] < 0      # the case the two savings are for
     text = gpu_cell.skip("x", "multilevel", "04")
-    assert "per stage " + " / ".join(f"{v['tok_per_s']:,.0f}" for _, v in sorted(rec["multilevel"]["stages"].items())) in text
-    assert text.count("\n") == 1
+    lv, whole = parts["vcycle"]["levels"], parts["predict"]["configs"]["multilevel"]
+    assert (f"the V-cycle's half-size level (6 x 384) {lv['1']['tok_per_s']:,.0f} tok/s against the full-size level's "
+            f"(12 x 768) {lv['0']['tok_per_s']:,.0f}, {lv['1']['tok_per_s'] / lv['0']['tok_per_s']:.2f}x its speed; "
+            f"the predicted whole run ({whole['config']}) realized speed-up {whole['realized']:.2f}") in text
+    text = gpu_cell.skip("x", "lowp_fp8", "07")
+    assert parts["point:lowp_fp8"]["fp8"]["fp8_layers"].startswith("0/")
+    assert f"FP8 Linears {parts['point:lowp_fp8']['fp8']['fp8_layers']}: none converted" in text
+
+
+def test_the_old_check_s_arms_are_still_quoted(tmp_path, monkeypatch):
+    """The earlier record's format (issue 34's `arms`): an arm, its stages, and the FLOPs an arm added."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / gpu_cell.RECORD).write_text((ROOT / "results" / "gpu_check_h200_2026-11-27.json").read_text())
+    (tmp_path / gpu_cell.NOTEBOOKS_RECORD).write_text((ROOT / gpu_cell.NOTEBOOKS_RECORD).read_text())
+    arms = json.loads((tmp_path / gpu_cell.RECORD).read_text())["arms"]
+    text = gpu_cell.skip("x", "random_ltd", "03", root=tmp_path)
+    rs = arms["random_ltd"]["realized_speedup"]
+    assert f"): random_ltd {arms['random_ltd']['tok_per_s']:,.0f} tok/s" in text
+    assert f"realized speed-up {rs['realized']:.2f} (time saving {rs['time_saving']:+.1%} / FLOPs saving " in text
+    text = gpu_cell.skip("x", "sbld", "02", root=tmp_path)
+    assert "realized" not in text and f"with {-arms['sbld']['realized_speedup']['flops_saving']:+.1%} FLOPs per step" in text
+    text = gpu_cell.skip("x", "multilevel", "04", root=tmp_path)
+    assert "per stage " + " / ".join(f"{v['tok_per_s']:,.0f}" for _, v in sorted(arms["multilevel"]["stages"].items())) in text
 
 
 TECHNIQUE_NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("0[1-8]_*.ipynb"))]

@@ -97,12 +97,14 @@ def test_the_long_config_is_near_compute_optimal_not_past_it():
 
 
 def test_readme_findings_table_is_made_from_the_cache():
-    table = findings_table(load_result("long_flops"), load_result("tutorial_flops"), load_result("tutorial_frontier"))
+    # the GPU column from the committed record of the reworked GPU check (results/gpu_check_h200.json)
+    table = findings_table(load_result("long_flops"), load_result("tutorial_flops"), load_result("tutorial_frontier"),
+                           load_result("gpu_check_h200"))
     for page in ("README.md", "docs/results.md"):
         assert table in (REPO_ROOT / page).read_text(), (
             f"{page}: the findings table differs from the cache; paste the output of\n"
             "python -c 'from accellib.analysis.results import *; print(findings_table(load_result(\"long_flops\"), "
-            "load_result(\"tutorial_flops\"), load_result(\"tutorial_frontier\")))'")
+            "load_result(\"tutorial_flops\"), load_result(\"tutorial_frontier\"), load_result(\"gpu_check_h200\")))'")
 
 
 def test_no_table_compares_an_arm_with_itself():

@@ -7,11 +7,12 @@ from accellib.analysis.results import load_result, tutorial_table as findings_ta
 def test_the_tutorial_table_is_made_from_the_cache():
     # the README's findings table is both regimes' (tests/test_papers_regime.py); docs/results.md keeps this one
     table = findings_table(load_result("tutorial_flops"), load_result("tutorial_steps"),
-                           load_result("tutorial_timing")["timing"]["ratio"])
+                           load_result("tutorial_timing")["timing"]["ratio"], load_result("gpu_check_h200"))
     for page in ("docs/results.md",):
         assert table in (REPO_ROOT / page).read_text(), (f"{page}: the tutorial table differs from the cache; paste the output of\n"
-                             "python -c 'from accellib.analysis.results import *; print(findings_table(load_result(\"tutorial_flops\"), "
-                             "load_result(\"tutorial_steps\"), load_result(\"tutorial_timing\")[\"timing\"][\"ratio\"]))'")
+                             "python -c 'from accellib.analysis.results import *; print(tutorial_table(load_result(\"tutorial_flops\"), "
+                             "load_result(\"tutorial_steps\"), load_result(\"tutorial_timing\")[\"timing\"][\"ratio\"], "
+                             "load_result(\"gpu_check_h200\")))'")
 
 
 def test_every_arm_of_the_table_has_its_paired_verdicts():

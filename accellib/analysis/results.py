@@ -277,32 +277,34 @@ def config_differences(a, b, skip=("train.log_every", "train.checkpoint_every"))
 TECHNIQUES = ("pld", "sbld", "random_ltd", "multilevel", "pld+random_ltd", "sbld+random_ltd")
 
 
-def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = None) -> str:
+def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = None, gpu: dict | None = None) -> str:
     """The README's findings, made from the cache (a test checks the README and docs/results.md hold exactly this):
     per technique, what its paper claims; ours near compute-optimal (configs/fixed_size_long.yaml at 50 tokens per
     parameter: its own family's optimum reads ~130, so the 6-block baseline is larger than optimal, not trained past
     it): FLOPs and wall to reach the same-size baseline's final loss (`stats.Ratio.short`: no interval where a seed is
     censored, the sign test's verdict), and the equal-FLOPs gaps to the same-size baseline and to the dense frontier;
     ours at the tutorial budget (an under-trained model): the gaps to the same-size baseline and to the frontier
-    (bracketed by `tut_frontier`, the tutorial_frontier experiment, when given); the GPU column stays "not measured"
-    until a GPU run exists."""
+    (bracketed by `tut_frontier`, the tutorial_frontier experiment, when given); the GPU column from `gpu`, a record
+    of the reworked GPU check (`gpu_cells`; "not measured" without one)."""
     from .frontier import joint_frontier
     tut_rows = {r["arm"]: r for r in (joint_frontier(tut_res, tut_frontier)["rows"] if tut_frontier else
                                       tut_res["summary"]["rows"])}
     tut_front = lambda a: Paired.from_dict(tut_rows[a]["vs_frontier"]) if "vs_frontier" in tut_rows.get(a, {}) else None
     g = lambda res: res["regime"]["baseline"]["tokens_per_param"]
     n = lambda res: res["summary"]["seeds"]
+    gpu_cell = gpu_cells(gpu)
     res_ = max(arm_row(long_res, a)["to_target_resolution"] for a in ("baseline", *TECHNIQUES))
     lines = [f"| arm | paper's claim | near compute-optimal ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
              f"FLOPs to the baseline's loss (read to {res_:.1%} of the budget) | wall to it | equal FLOPs: vs same size | "
              "vs dense frontier | "
-             f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | GPU |",
+             f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | "
+             f"{gpu_heading(gpu)} |",
              "|---|---|---|---|---|---|---|---|---|"]
     for a in TECHNIQUES:
         lines.append(f"| {a} | {PAPER_CLAIMS.get(a, 'not claimed')} | {_short(to_target(long_res, a, 'flops'))} | "
                      f"{_short(to_target(long_res, a, 'wall'))} | {_short(gap(long_res, a, 'baseline'))} | "
                      f"{_short(gap(long_res, a, 'frontier'))} | {_short(gap(tut_res, a, 'baseline'))} | "
-                     f"{_short(tut_front(a))} | not measured |")
+                     f"{_short(tut_front(a))} | {gpu_cell.get(a, 'not measured')} |")
     return "\n".join(lines)
 
 
@@ -311,20 +313,24 @@ def _token_ratio(res: dict, arm: str) -> float:
     return round(res["regime"][arm]["tokens"] / res["regime"]["baseline"]["tokens"], 3)
 
 
-def tutorial_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
+def tutorial_table(flops_res: dict, steps_res: dict, timing: dict, gpu: dict | None = None) -> str:
     """The README's table of the tutorial comparison, made from the cache (a test checks the README holds
     exactly this): per arm, what its paper claims, the paper's protocol (equal steps) and equal FLOPs, each gap
     paired by seed with its 95% interval and verdict (`accellib.analysis.stats`), beside the dense frontier; step
-    time from the paired timing (`results/tutorial_timing.json`); the GPU column says "not measured" until a GPU
-    run exists."""
+    time from the paired timing (`results/tutorial_timing.json`); the GPU column from `gpu`, a record of the
+    reworked GPU check (`gpu_cells`; "not measured" without one, and for the arms it does not time)."""
     short = lambda p: "—" if p is None else (f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}] "
                                              f"{p.verdict.replace('not resolved at', 'n.r. at')}")
     steps_rows = {r["arm"]: r for r in steps_res["summary"]["rows"]}
     picks = set(flops_res["summary"].get("frontier", {}).get("per_seed", {}).values())
+    gpu_cell = gpu_cells(gpu)
+    if gpu_record(gpu):
+        gpu_cell["baseline"] = "—"                  # the control the techniques' speed-ups are against
     front = lambda a: "— (the frontier itself)" if picks == {a} else short(gap(flops_res, a, "frontier"))   # no self-row
     lines = [f"| arm | paper's claim | equal steps ({steps_res['summary']['seeds']} seeds): val loss | vs baseline | "
              f"equal FLOPs ({flops_res['summary']['seeds']} seeds): steps | val loss | vs baseline | "
-             "vs dense frontier | CPU step time vs baseline (paired) | GPU |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"vs dense frontier | CPU step time vs baseline (paired) | {gpu_heading(gpu)} |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in flops_res["summary"]["rows"]:
         a, s = r["arm"], steps_rows.get(r["arm"])
         st = (f"{s['val_loss']:.3f} ± {s['val_loss_sd']:.3f}", short(gap(steps_res, a, "baseline"))) if s else ("—", "—")
@@ -333,19 +339,85 @@ def tutorial_table(flops_res: dict, steps_res: dict, timing: dict) -> str:
         t = f"{timing[a]:.2f}x" if a in timing else "—"
         claim = PAPER_CLAIMS.get(a, "the control" if a == "baseline" or a.startswith("dense-L") else "not claimed")
         lines.append(f"| {a} | {claim} | {st[0]} | {st[1]} | {r['steps']:.0f} | {r['val_loss']:.3f} ± {r['val_loss_sd']:.3f} | "
-                     f"{short(gap(flops_res, a, 'baseline'))} | {front(a)} | {t} | not measured |")
+                     f"{short(gap(flops_res, a, 'baseline'))} | {front(a)} | {t} | "
+                     f"{gpu_cell.get(a, 'not measured')} |")
     return "\n".join(lines)
+
+
+GPU_CHECK = "benchmarks/gpu_check.py (issue 42)"    # benchmarks/gpu/targets.py's CHECK (a test keeps them equal)
+# the point of the GPU check that stands for each technique in the findings tables (the V-cycle has its stages only)
+GPU_POINTS = {"pld": "pld@0.5", "sbld": "sbld@0.5", "random_ltd": "random_ltd@1/2", "multilevel": None}
+
+
+def gpu_record(rec: dict | None) -> bool:
+    """Whether `rec` is a finished GPU record of the reworked check (a smoke record, or the old check's, is not)."""
+    return bool(rec) and not rec.get("smoke") and rec.get("check") == GPU_CHECK and bool(rec.get("finished"))
+
+
+def gpu_heading(rec: dict | None) -> str:
+    """The findings tables' GPU column heading: what its cells (`gpu_cells`) hold, when they come from a record."""
+    return "GPU: realized speed-up; predicted run time" if gpu_record(rec) else "GPU"
+
+
+def gpu_cells(rec: dict | None) -> dict[str, str]:
+    """The findings tables' GPU cell per technique from a record of the reworked GPU check (issue 42), as the heading
+    `gpu_heading` says: the realized speed-up in steady state at its point of GPU_POINTS ('1.02 at 0.5'), then the
+    predicted whole-run time change of its full-scale config ('-22%'; which config: `gpu_predict_table`), "—" for
+    either the record lacks. "not measured" without a GPU record of this check."""
+    cells = {a: "not measured" for a in GPU_POINTS}
+    if not gpu_record(rec):
+        return cells
+    parts = rec.get("parts") or {}
+    pred = (parts.get("predict") or {}).get("configs") or {}
+    for arm, key in GPU_POINTS.items():
+        point = parts.get(f"point:{key}") or {}
+        real = (point.get("vs_baseline") or {}).get("realized") if point.get("status") == "done" else None
+        saving = (pred.get(arm) or {}).get("time_saving")
+        if real is not None or saving is not None:
+            at = "—" if real is None else f"{real:.2f} at {key.split('@')[1]}"
+            cells[arm] = f"{at}; {'—' if saving is None else f'{-100 * saving:+.0f}%'}"
+    return cells
 
 
 def gpu_table(rec: dict) -> str:
     """docs/full_scale.md's table of one GPU check (`results/gpu_check_<gpu>.json`, benchmarks/gpu_check.py), made
-    from the record (a test checks the docs hold exactly this): per arm, tokens/s and its ratio to the baseline arm
-    of the same check, MFU against the data sheet's bf16 peak, peak memory, graphs compiled during the first and
-    the second half of the timed steps, and for the dropping techniques the FLOPs saving, the time saving and the
-    share of the first that shows up as the second (the realized speed-up). Short runs (5 + 60 steps) on random
-    ids: speed and memory only, compilation of new shapes included."""
+    from the record (a test checks the docs hold exactly this). The reworked check's record (issue 42: `parts`
+    with `point:<technique>@<x>`): per point in steady state, mean ms per step, tokens/s and the speed against the
+    baseline point, MFU against the data sheet's bf16 peak, peak memory, graphs compiled in the warm-up and in the
+    timed steps, synchronizing calls per step, and for the points that save FLOPs the FLOPs saving, the time saving
+    and their ratio (the realized speed-up); then the V-cycle's levels. The old check's record (issue 34: `arms`,
+    5 + 60 steps of each whole schedule): per arm the same columns less ms per step and sync calls, graphs by half
+    of the timed steps."""
+    pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"      # noqa: E731
+    two = lambda v: "—" if v is None else f"{v:.2f}"            # noqa: E731
+    if "arms" in rec:
+        return _old_gpu_table(rec, pct, two)
+    parts = rec["parts"]
+    base = parts["point:baseline"]
+    lines = ["| point | ms/step | tokens/s | vs baseline | MFU (data sheet) | peak GB | graphs compiled (warm-up / timed) | "
+             "sync calls/step | FLOPs saving | time saving | realized |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [(n.split(":", 1)[1], p) for n, p in parts.items() if n.startswith("point:")]
+    vc = parts.get("vcycle") or {}
+    rows += [(f"V-cycle level {k} ({lv['model']['n_layer']} x {lv['model']['d_model']})", dict(lv, status="done"))
+             for k, lv in sorted((vc.get("levels") or {}).items(), key=lambda kv: int(kv[0]))]
+    for name, p in rows:
+        if p.get("status") != "done":
+            lines.append(f"| {name} | {p.get('status', '—')} | — | — | — | — | — | — | — | — | — |")
+            continue
+        if (p.get("fp8") or {}).get("fp8_layers"):
+            name += f" (FP8 Linears {p['fp8']['fp8_layers']})"
+        vs = p.get("vs_baseline") or {}
+        sync = (p.get("sync_calls") or {}).get("per_step")
+        lines.append(f"| {name} | {1e3 * p['mean_step_s']:.2f} | {p['tok_per_s']:,.0f} | "
+                     f"{base['mean_step_s'] / p['mean_step_s']:.2f}x | {pct(p['mfu']['datasheet'])} | "
+                     f"{p['peak_mem_gb']:.1f} | {p['graphs']['warmup']} / {p['graphs']['timed']} | "
+                     f"{'—' if sync is None else format(sync, '.3g')} | {pct(vs.get('flops_saving') or None)} | "
+                     f"{pct(vs.get('time_saving') if vs.get('flops_saving') else None)} | {two(vs.get('realized'))} |")
+    return "\n".join(lines)
+
+
+def _old_gpu_table(rec: dict, pct, two) -> str:
     arms, base = rec["arms"], rec["arms"]["baseline"]["tok_per_s"]
-    pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"
     lines = ["| arm | tokens/s | vs baseline | MFU (data sheet) | peak GB | graphs compiled (1st / 2nd half) | "
              "FLOPs saving | time saving | realized |", "|---|---|---|---|---|---|---|---|---|"]
     for a, r in arms.items():
@@ -357,7 +429,33 @@ def gpu_table(rec: dict) -> str:
         rs = r.get("realized_speedup") or {}
         lines.append(f"| {a} | {r['tok_per_s']:,.0f} | {r['tok_per_s'] / base:.2f}x | {pct(r['mfu']['datasheet'])} | "
                      f"{r['peak_mem_gb']:.1f} | {graphs} | {pct(rs.get('flops_saving'))} | {pct(rs.get('time_saving'))} | "
-                     f"{'—' if rs.get('realized') is None else format(rs['realized'], '.2f')} |")
+                     f"{two(rs.get('realized'))} |")
+    return "\n".join(lines)
+
+
+def gpu_predict_table(rec: dict) -> str:
+    """The reworked GPU check's predicted whole runs (its `predict` part; docs/full_scale.md, a test keeps them
+    equal): per full-scale config, its steps and its baseline's, predicted seconds per process of each, the
+    FLOPs saving, the time saving and the realized speed-up."""
+    lines = ["| technique | config | steps (baseline's) | predicted s (baseline's) | FLOPs saving | time saving | "
+             "realized |", "|---|---|---|---|---|---|---|"]
+    for t, c in rec["parts"]["predict"]["configs"].items():
+        lines.append(f"| {t} | `{c['config'].split('/')[-1]}` | {c['steps']:,} ({c['baseline_steps']:,}) | "
+                     f"{c['predicted_s']:,.0f} ({c['baseline_s']:,.0f}) | {100 * c['flops_saving']:.1f}% | "
+                     f"{100 * c['time_saving']:.1f}% | {c['realized']:.2f} |")
+    return "\n".join(lines)
+
+
+def gpu_verdicts_table(rec: dict) -> str:
+    """The reworked GPU check's targets (its `verdicts`, as the check judged them; docs/full_scale.md, a test keeps
+    them equal): what is measured, the value, the target and the verdict (met, missed, or not measured)."""
+    cell = lambda x: str(x).replace("|", "\\|")     # noqa: E731  (|x - 1| inside a Markdown cell)
+    lines = ["| target | measured | goal | verdict |", "|---|---|---|---|"]
+    for v in rec["verdicts"]:
+        m = v["measured"]
+        m = "not measured" if m is None else (format(m, ".4g") if isinstance(m, (int, float)) else m)
+        word = "not measured" if v["passed"] is None else ("met" if v["passed"] else "**missed**")
+        lines.append(f"| {cell(v['what'])} | {cell(m)} | {cell(v['target'])} | {word} |")
     return "\n".join(lines)
 
 

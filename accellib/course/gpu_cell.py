@@ -11,9 +11,9 @@ trainer's analytic FLOPs per step; where it does not, the plain time ratio t_bas
 
 Without CUDA the cell times nothing: `skip` prints what it would show and what the committed GPU record
 (results/gpu_check_h200.json, results/notebooks_nvidia_h200.json) holds for the technique, read from the files: its
-tokens/s against the baseline's, and where the record stores them the realized speed-up with the time and FLOPs
-savings it divides (a negative one reads as a slower step despite fewer FLOPs), or the FLOPs it added, and the
-tokens/s of each stage (the V-cycle).
+point's tokens/s against the baseline's, and where the record stores them the realized speed-up with the time and
+FLOPs savings it divides (a negative one reads as a slower step despite fewer FLOPs), or the FLOPs it added; for
+the V-cycle its half-size level against its full-size one and the predicted whole run's realized speed-up.
 
     from accellib.course import gpu_cell
     gpu_cell.run("PLD at theta = 0.5", "configs/tutorial.yaml",
@@ -193,22 +193,39 @@ def show(res: dict) -> None:
         print(line)
 
 
+def _tps(p: dict) -> float | None:
+    return p.get("tok_per_s") or (p["tokens_per_step"] / p["mean_step_s"] if p.get("mean_step_s") else None)
+
+
 def recorded(technique: str, root: Optional[Path] = None) -> dict | None:
-    """What the committed GPU record holds for `technique` (an arm of results/gpu_check_h200.json, or a point of a
-    newer record): its tokens/s, the baseline's, their ratio and the realized speed-up where one was stored."""
+    """What the committed GPU record holds for `technique`: a point of the reworked check's record (issue 42: its
+    own point, else the one the findings tables stand it for, `analysis.results.GPU_POINTS`; the V-cycle's half-size
+    level against its full-size one, with the predicted whole run's realized speed-up), or an arm of the old check's
+    (issue 34): its tokens/s, its base's, their ratio and the realized speed-up where one was stored."""
     from .. import REPO_ROOT
+    from ..analysis.results import GPU_POINTS
     rec = json.loads(((root or REPO_ROOT) / RECORD).read_text())
     arms, parts = rec.get("arms") or {}, rec.get("parts") or {}
-    got, base = arms.get(technique) or parts.get(f"point:{technique}"), arms.get("baseline") or parts.get("point:baseline")
+    key = technique if f"point:{technique}" in parts else GPU_POINTS.get(technique)
+    got, base = arms.get(technique) or parts.get(f"point:{key}"), arms.get("baseline") or parts.get("point:baseline")
+    name, base_name, vs = technique if technique in arms else key or technique, "the baseline's", None
+    levels = (parts.get("vcycle") or {}).get("levels") or {}
+    if technique == "multilevel" and not got and (parts.get("vcycle") or {}).get("status") == "done" and len(levels) > 1:
+        (_, base), (_, got) = sorted(levels.items(), key=lambda kv: int(kv[0]))[:2]
+        shape = lambda lv: f"({lv['model']['n_layer']} x {lv['model']['d_model']})"    # noqa: E731
+        name, base_name = f"the V-cycle's half-size level {shape(got)}", f"the full-size level's {shape(base)}"
+        got = dict(got, status="done")
+        vs = dict(((parts.get("predict") or {}).get("configs") or {}).get("multilevel") or {}, whole_run=True)
     if not got or got.get("status") != "done" or not base:
         return None
-    tps = got.get("tok_per_s") or (got["tokens_per_step"] / got["mean_step_s"] if got.get("mean_step_s") else None)
-    btps = base.get("tok_per_s") or (base["tokens_per_step"] / base["mean_step_s"] if base.get("mean_step_s") else None)
-    vs = got.get("realized_speedup") or got.get("vs_baseline") or {}
+    tps, btps = _tps(got), _tps(base)
+    vs = vs or got.get("realized_speedup") or got.get("vs_baseline") or {}
     stages = [v.get("tok_per_s") for _, v in sorted((got.get("stages") or {}).items(), key=lambda kv: int(kv[0]))]
-    return dict(device=rec.get("device"), config=rec.get("config"), tok_per_s=tps, base_tok_per_s=btps,
-                speed=tps / btps if tps and btps else None, realized=vs.get("realized"),
+    return dict(device=rec.get("device"), config=rec.get("config"), name=name, base_name=base_name, tok_per_s=tps,
+                base_tok_per_s=btps, speed=tps / btps if tps and btps else None, realized=vs.get("realized"),
                 flops_saving=vs.get("flops_saving"), time_saving=vs.get("time_saving"),
+                whole_run=vs.get("config") if vs.get("whole_run") else None,
+                fp8_layers=(got.get("fp8") or {}).get("fp8_layers"),
                 stages=stages if stages and all(stages) else None)
 
 
@@ -228,20 +245,23 @@ def skip(what: str, technique: Optional[str], notebook: str, root: Optional[Path
     if r and r["speed"]:
         real = ""
         if r.get("realized") is not None:      # with the two savings it divides, so that a sign reads
-            real = f", realized speed-up {r['realized']:.2f}" + (
+            real = (f"; the predicted whole run ({r['whole_run']})" if r.get("whole_run") else ",") + (
+                f" realized speed-up {r['realized']:.2f}") + (
                 f" (time saving {r['time_saving']:+.1%} / FLOPs saving {r['flops_saving']:+.1%})"
                 if r.get("time_saving") is not None and r.get("flops_saving") is not None else "")
         elif r.get("flops_saving") and abs(r["flops_saving"]) > 1e-6:   # more FLOPs than the baseline: no ratio
             real = f", with {-r['flops_saving']:+.1%} FLOPs per step against the baseline's (no saving to realize)"
         if r.get("stages"):
             real += f"; per stage {' / '.join(f'{v:,.0f}' for v in r['stages'])} tok/s"
-        lines.append(f"The committed GPU record ({RECORD}, {r['device']}, {r['config']}): {technique} "
-                     f"{r['tok_per_s']:,.0f} tok/s against the baseline's {r['base_tok_per_s']:,.0f}, "
+        if r.get("fp8_layers") and str(r["fp8_layers"]).split("/")[0] in ("", "0"):   # bf16 timed against bf16
+            real += f"; FP8 Linears {r['fp8_layers']}: none converted, so FP8 itself was not timed"
+        lines.append(f"The committed GPU record ({RECORD}, {r['device']}, {r['config']}): {r['name']} "
+                     f"{r['tok_per_s']:,.0f} tok/s against {r['base_name']} {r['base_tok_per_s']:,.0f}, "
                      f"{r['speed']:.2f}x its speed{real}.")
     else:
         nb = notebook_record(notebook, root)
         ran = (f"; {NOTEBOOKS_RECORD} ran this notebook on the {nb['gpu']} ({nb['status']}, {nb['seconds']:.0f} s, "
-               f"{nb['cuda_max_allocated_mb']:.0f} MB of GPU memory) before it had this cell") if nb else ""
+               f"at most {nb['cuda_max_allocated_mb']:,.0f} MB of GPU memory allocated)") if nb else ""
         lines.append(f"The committed GPU record ({RECORD}) has no {technique or 'such'} point{ran}.")
     text = "\n".join(lines)
     print(text)

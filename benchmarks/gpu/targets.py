@@ -1,5 +1,6 @@
-"""Issue 42's targets in one table, each measured value from the record against its target, the summary printed at
-the end, and the findings table's GPU cells (README, docs/results.md) from a record of this check.
+"""Issue 42's targets in one table, each measured value from the record against its target, and the summary printed
+at the end. The findings tables' GPU cells (README, docs/results.md) are read from a record of this check by
+accellib.analysis.results.gpu_cells, which knows this check by CHECK (a test keeps the two names equal).
 
 A smoke run (a toy model on a CPU) measures every value the same way but judges none: its verdicts say
 "smoke" and `passed` is null, so no CPU number is ever read as a GPU result."""
@@ -113,26 +114,3 @@ def summary(rec: dict, path) -> None:
         m = f"{m:.4g}" if isinstance(m, float) else m
         print(f"  {word:<13}{v['what']}: {m} (target {v['target']})")
     print(f"wrote {path}", flush=True)
-
-
-ARM_KEYS = {"pld": "pld@0.5", "sbld": "sbld@0.5", "random_ltd": "random_ltd@1/2", "multilevel": None}
-
-
-def gpu_cells(rec: dict | None) -> dict[str, str]:
-    """The findings table's GPU cell per arm from a record of this check: the realized speed-up in steady state at
-    the technique's headline point and the predicted whole-run time saving of its full-scale config. "not measured"
-    without a GPU record of this check (a smoke record, or the old check's, is never one)."""
-    cells = {a: "not measured" for a in ARM_KEYS}
-    if not rec or rec.get("smoke") or rec.get("check") != CHECK or not rec.get("finished"):
-        return cells
-    pred = ((rec["parts"].get("predict") or {}).get("configs") or {})
-    for arm, key in ARM_KEYS.items():
-        bits = []
-        if key and measured(rec, key) is not None:
-            bits.append(f"realized {measured(rec, key):.2f} at {key.split('@')[1]}")
-        p = pred.get(arm) or {}
-        if p.get("time_saving") is not None:
-            bits.append(f"whole run {-100 * p['time_saving']:+.0f}% time (predicted, {p['config'].split('/')[-1]})")
-        if bits:
-            cells[arm] = "; ".join(bits)
-    return cells
