@@ -92,3 +92,25 @@ def test_the_lr_check_brackets_the_tuned_lr_at_twice_the_ladder_step(tmp_path):
     lr = raw["optim"]["lr"]
     assert arms == ["baseline", f"lr{lr / 2:g}", f"lr{lr * 2:g}"]
     assert [raw["arms"][a]["optim"]["lr"] for a in arms[1:]] == [pytest.approx(lr / 2), pytest.approx(lr * 2)]
+
+
+def test_the_profile_puts_the_baseline_past_its_optimum_as_the_config_says():
+    """results/ot_profile.json (3 seeds, equal FLOPs): a larger plain model of the family wins by the paired rule,
+    the minimum is bracketed, the baseline reads >= 5x the optimum's tokens per parameter on one pass of fresh
+    text; configs/overtrained.yaml's header states these numbers."""
+    res = load_result("ot_profile")
+    p = past_optimum(res)
+    assert p["larger_wins"] and p["bracketed"] and p["optimum_params"] > p["baseline_params"]
+    assert p["times"] >= 5
+    g = p["gap"]
+    header = overtrained.CONFIG.read_text().split("model:")[0]
+    said = (f"at {p['optimum'].removeprefix('dense-L').replace('-d', ' x ')} ({p['optimum_params']:,} parameters, "
+            f"{p['optimum_tokens_per_param']:.0f} tokens")
+    assert said in " ".join(header.replace("#", " ").split()), said
+    assert f"{-g['mean']:.3f} nats [{-g['hi']:.3f}, {-g['lo']:.3f}]" in " ".join(header.replace("#", " ").split())
+    assert f"= {p['times']:.1f}x the optimum's" in header
+    rows = {r["arm"]: r for r in res["summary"]["rows"]}
+    corpus = 100_713_478
+    for arm, reg in res["regime"].items():
+        if arm in rows:
+            assert rows[arm]["steps"] * 32 * 64 <= corpus, arm   # every arm on fresh text: at most one epoch
