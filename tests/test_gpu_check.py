@@ -555,3 +555,26 @@ def test_skip_leaves_parts_out_and_says_so(tmp_path):
     assert rec["parts"]["point:pld@0.5"]["status"] == "done"
     for name in left:
         assert name not in rec["parts"] and "--skip" in rec["skipped"][name], name
+
+
+def test_count_syncs_counts_synchronizing_calls_not_torchs_notice():
+    """torch warns once that the sync debug mode is a prototype when it is first set; that notice is not a
+    synchronizing call (the 2026-11-28 H200 record counted it: 0.333 per step on its first point)."""
+    import types
+    import warnings as w
+    from gpu.timing import count_syncs
+
+    def set_mode(mode):
+        if mode == "warn":
+            w.warn("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+                   "operations (Triggered internally at Module.cpp)")
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(set_sync_debug_mode=set_mode))
+    c = types.SimpleNamespace(device=torch.device("cuda"), torch=fake_torch, sync=lambda: None)
+    calls = iter([0, 1, 0])
+
+    def step():
+        if next(calls):
+            w.warn("called a synchronizing CUDA operation")
+    r = count_syncs(c, step, 3)
+    assert r["per_step"] == round(1 / 3, 3) and r["first"] == ["called a synchronizing CUDA operation"]
+    assert count_syncs(c, lambda: None, 3)["per_step"] == 0
