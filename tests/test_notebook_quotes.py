@@ -62,7 +62,7 @@ QUOTES = {
          "parameter it loses (+0.086)"),
         ("nb01-rule", "the gap moves +0.018 [-0.029, +0.064] per tenfold N (3 df): flat within noise; PLD wins at 0 of 6 sizes",
          "+0.018 [−0.029, +0.064] per tenfold N, flat within noise, and it wins at 0 of the 6 sizes"),
-        ("nb01-rule", "PLD 1.19x the baseline's tokens/s, realized speed-up 0.87", "1.19× the baseline's tokens/s, a realized speed-up of 0.87"),
+        ("nb01-rule", "PLD 1.30x the baseline's tokens/s, realized speed-up 1.02", "1.30× the baseline's tokens/s,\n> a realized speed-up of 1.02"),
     ],
     "02": [
         ("nb02-38", "tutorial budget  0.68x [0.66, 0.70] (5/5 reached); sign test 5 below, 0 above (p=0.062)",
@@ -88,7 +88,7 @@ QUOTES = {
         ("nb02-rule", "the gap moves +0.199 [+0.125, +0.272] per tenfold N (3 df): rises; SBLD wins at 6 of 6 sizes",
          "+0.199 [+0.125, +0.272] per tenfold N"),
         ("nb02-rule", "mean gap by depth 4 blocks -0.156, 6 blocks -0.131, 12 blocks -0.063", "(−0.156 at 4 blocks, −0.063 at 12)"),
-        ("nb02-rule", "SBLD 0.38x the baseline's tokens/s, with +28.7% FLOPs per step", "0.38× the baseline's\n> tokens/s, its profile inside the timed steps (+28.7% FLOPs per step there)"),
+        ("nb02-rule", "SBLD 1.60x the baseline's tokens/s, realized speed-up 1.04", "ran at 1.60× the baseline's tokens/s, a realized speed-up of 1.04"),
     ],
     "03": [
         ("c6382422", "equal FLOPs, 5 seeds: steps baseline 300, random_ltd 366, dense-L1 1466; tokens read: random_ltd 1.22x",
@@ -125,7 +125,8 @@ QUOTES = {
         ("nb03-rule", "the gap moves -0.069 [-0.118, -0.020] per tenfold N (3 df): falls; random-LTD wins at 4 of 6 sizes",
          "it wins at 4 of the 6 sizes, its\n> gap moving −0.069 [−0.118, −0.020] per tenfold N"),
         ("nb03-rule", "mean gap by depth 4 blocks -0.032, 6 blocks -0.049, 12 blocks -0.066", "(−0.032 at 4 blocks, −0.066 at 12)"),
-        ("nb03-rule", "random-LTD 0.20x the baseline's tokens/s, realized speed-up -27.07", "ran at 0.20× the baseline's tokens/s, a realized\n> speed-up of −27.07"),
+        ("nb03-rule", "random-LTD 0.99x the baseline's tokens/s, realized speed-up -0.05 (time saving -1.5% / FLOPs saving +33.1%)",
+         "ran at 0.99× the baseline's tokens/s for 33% fewer FLOPs, a realized speed-up of −0.05"),
         ("nb03-rule", "r = 64: a step costs 0.42x the baseline's for 0.41x its FLOPs", "a step at r = 64 costs 0.42× the baseline's for 0.41× its\n> FLOPs"),
         ("nb03-rule", "(S = 64, 4 of 6 blocks dropping, r ramping 16 -> 64): 0.83x the baseline's step for 0.82x its FLOPs", "against 0.83× for 0.82× on the tutorial model"),
         ("d5dc7bf3", "step   0: r = 16  P(skipped by all 4 middle blocks) = (1 - 16/64)^4 = 0.3164", "about one token in three (0.316) skips every middle block"),
@@ -158,8 +159,8 @@ QUOTES = {
          "loses at 50 (+0.035)"),
         ("nb04-rule", "the gap moves +0.042 [-0.077, +0.160] per tenfold N (3 df): flat within noise; the V-cycle wins at 1 of 6 sizes",
          "it wins at only 1 of the 6 sizes, its gap flat in\n> depth (+0.042 [−0.077, +0.160] per tenfold N)"),
-        ("nb04-rule", "the V-cycle 1.26x the baseline's tokens/s, realized speed-up 0.63", "ran\n> at 1.26× the baseline's tokens/s, a realized speed-up of 0.63"),
-        ("nb04-rule", "the half-size stage ran at 1.90x the first full-size stage's tokens/s", "its half-size stage at 1.90× the first full-size\n> stage's tokens/s"),
+        ("nb04-rule", "half-size level (6 x 384) at 1.87x the full-size level's (12 x 768) tokens/s, realized speed-up 0.47",
+         "the half-size level ran at 1.87× the full-size level's tokens/s, and the whole cycle predicted from the record's\n> points (`configs/multilevel_gpt_base.yaml`) realizes 0.47 of its FLOPs saving"),
     ],
     "05": [
         ("a8266985", "(0.38x the standard order's exposure)", "layered order exposes **0.38×** the standard order's"),
