@@ -578,3 +578,14 @@ def test_count_syncs_counts_synchronizing_calls_not_torchs_notice():
     r = count_syncs(c, step, 3)
     assert r["per_step"] == round(1 / 3, 3) and r["first"] == ["called a synchronizing CUDA operation"]
     assert count_syncs(c, lambda: None, 3)["per_step"] == 0
+
+
+def test_the_docs_state_the_one_fsdp_number_from_its_record():
+    """docs/full_scale.md's FSDP sentence is the earlier H200 record's `fsdp` part."""
+    root = Path(__file__).resolve().parents[1]
+    docs = " ".join((root / "docs" / "full_scale.md").read_text().split())
+    f = json.loads((root / "results" / "gpu_check_h200_2026-11-27.json").read_text())["parts"]["fsdp"]
+    assert f["distributed_type"] == "FSDP" and f["status"] == "done"
+    said = (f"at {f['vs_baseline_arm']:.2f}x the baseline's tokens/s ({100 * f['mfu']['datasheet']:.1f}% data-sheet "
+            f"MFU, {f['peak_mem_gb']:.1f} GB peak)")
+    assert said in docs, said
