@@ -25,10 +25,12 @@ ARM_COLORS = {
     # plain models of other depths at the same budget (the dense frontier): greys, light = shallow, dashed
     "dense-L1": "#c4c4c4", "dense-L2": "#a8a8a8", "dense-L3": "#8c8c8c", "dense-L4": "#5e5e5e", "dense-L5": "#3f3f3f",
     "dense-L6": "#262626", "dense-L9": "#1a1a1a", "dense-L12": "#0d0d0d", "dense-L16": "#050505",
+    "dense-L24": "#020202",
     # plain models of other widths (the frontier bracketed in width): blue-greys, light = narrow
     "dense-L1-d8": "#eef2f6", "dense-L1-d16": "#e3e9ef", "dense-L1-d64": "#a3b1bf", "dense-L1-d96": "#7d8c9b",
     "dense-L1-d128": "#66778a",   # the IsoFLOP grid's one-block widths (results/isoflop.json)
     "dense-L1-d32": "#d5dde5", "dense-L1-d48": "#b3c0cc", "dense-L2-d48": "#8d9cab", "dense-L6-d32": "#4a5866",
+    "dense-L6-d24": "#6b7a89", "dense-L12-d24": "#3a4651", "dense-L12-d32": "#2a333c",   # results/ot_profile.json
     # engines that split the model (notebooks 05, 06)
     "pipeline": "#8c564b", "ouroboros_k2": "#bcbd22", "ouroboros_k3": "#17becf", "ouroboros_k4": "#e377c2",
     # notebook 05: layered gradient accumulation (the 'standard' order is the baseline's) and the planner's
