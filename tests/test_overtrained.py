@@ -114,3 +114,12 @@ def test_the_profile_puts_the_baseline_past_its_optimum_as_the_config_says():
     for arm, reg in res["regime"].items():
         if arm in rows:
             assert rows[arm]["steps"] * 32 * 64 <= corpus, arm   # every arm on fresh text: at most one epoch
+
+
+def test_regime_name_follows_each_experiments_own_profile():
+    """The findings' name for a regime is read from the experiment's own IsoFLOP profile: the over-trained profile
+    (a larger model wins, 10x the optimum's tokens per parameter) is the papers' regime; long_flops (its baseline
+    larger than optimal) is near compute-optimal, as the README's findings table says."""
+    from accellib.analysis.regime import regime_name
+    assert regime_name(load_result("ot_profile")) == "papers' regime"
+    assert regime_name(load_result("long_flops")) == "near compute-optimal"

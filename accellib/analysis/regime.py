@@ -64,6 +64,14 @@ def past_optimum(res: dict) -> dict:
                 gap=gap)
 
 
+def regime_name(res: dict) -> str:
+    """What the findings call an equal-FLOPs experiment's regime, by its own IsoFLOP profile (`past_optimum`):
+    "papers' regime" where a larger plain model wins at the baseline's FLOPs and the baseline reads >= 5x the
+    optimum's tokens per parameter (issue 44: trained well past its compute-optimum), else "near compute-optimal"."""
+    p = past_optimum(res)
+    return "papers' regime" if p["larger_wins"] and p["times"] >= 5 else "near compute-optimal"
+
+
 def gaps_by_length(results: dict[str, dict], arms: tuple[str, ...]) -> dict[str, list[dict]]:
     """Each arm's same-size gap at equal FLOPs (`vs_baseline`, the paired rule) against how long its baseline
     trained: {arm: [{experiment, tokens_per_param (the baseline's), params, gap}]}, in increasing tokens per

@@ -294,7 +294,8 @@ def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = No
     n = lambda res: res["summary"]["seeds"]
     gpu_cell = gpu_cells(gpu)
     res_ = max(arm_row(long_res, a)["to_target_resolution"] for a in ("baseline", *TECHNIQUES))
-    lines = [f"| arm | paper's claim | near compute-optimal ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
+    from .regime import regime_name
+    lines = [f"| arm | paper's claim | {regime_name(long_res)} ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
              f"FLOPs to the baseline's loss (read to {res_:.1%} of the budget) | wall to it | equal FLOPs: vs same size | "
              "vs dense frontier | "
              f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | "
