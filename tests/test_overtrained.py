@@ -123,3 +123,16 @@ def test_regime_name_follows_each_experiments_own_profile():
     from accellib.analysis.regime import regime_name
     assert regime_name(load_result("ot_profile")) == "papers' regime"
     assert regime_name(load_result("long_flops")) == "near compute-optimal"
+
+
+def test_regime_reading_states_where_the_baseline_stands_and_every_verdict():
+    """Notebooks 01-04 quote this reading in their decision rules: the experiment's regime by its own profile, then
+    the technique's gap to the same-size baseline, its FLOPs to target and its gap to the frontier, by the one rule."""
+    from accellib.analysis.results import gap, regime_reading, to_target
+    res = load_result("long_flops")
+    text = regime_reading(res, "sbld", "SBLD")
+    assert text.splitlines()[0].endswith(": near compute-optimal") and "(dense-L3, 147)" in text
+    assert f"SBLD - same-size baseline at equal FLOPs: {gap(res, 'sbld', 'baseline').text()}" in text
+    assert to_target(res, "sbld", "flops").text() in text and gap(res, "sbld", "frontier").text() in text
+    short = regime_reading(load_result("ot_short"), "sbld", "SBLD")   # no plain arms of other sizes: no regime named
+    assert short.splitlines()[0] == "ot_short, baseline at 50 tokens per parameter" and "(None): —" in short

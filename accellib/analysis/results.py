@@ -223,6 +223,25 @@ def to_target(res: dict, arm: str, x: str = "flops", extra: float = 0.0) -> Rati
     return judge_to_target(hits, budgets, tie=tie, what=f"{arm} FLOPs to target", seeds=seeds)
 
 
+def regime_reading(res: dict, arm: str, name: str) -> str:
+    """One technique in one equal-FLOPs experiment, as the decision rules of notebooks 01-04 quote it: where the
+    baseline stands (its tokens per parameter; with a bracketed IsoFLOP profile, the regime's name and how far past
+    the family's optimum, `accellib.analysis.regime.past_optimum`), then the arm's gap to the same-size baseline at
+    equal FLOPs (the test), its FLOPs to the baseline's final loss (the papers' metric) and its gap to the dense
+    frontier, each by the one rule. `name` is the technique as the text calls it ('PLD')."""
+    from .regime import past_optimum, regime_name
+    tpp = res["regime"]["baseline"]["tokens_per_param"]
+    where = f"{res['name']}, baseline at {tpp:.0f} tokens per parameter"
+    if frontier_arm(res) is not None:          # plain arms of other sizes: the baseline placed on their profile
+        p = past_optimum(res)
+        where += (f", {p['times']:.1f}x those of its family's best plain model at its FLOPs ({p['optimum']}, "
+                  f"{p['optimum_tokens_per_param']:.0f}): {regime_name(res)}")
+    tt, fr = to_target(res, arm, "flops"), gap(res, arm, "frontier")
+    return (f"{where}\n  {name} - same-size baseline at equal FLOPs: {gap(res, arm, 'baseline').text()}\n"
+            f"  FLOPs to the baseline's final loss: {tt.text()}\n"
+            f"  {name} - dense frontier ({frontier_arm(res)}): {'—' if fr is None else fr.text()}")
+
+
 def _short(p) -> str:
     """A paired gap or a time to target in a table cell: '-0.175 [-0.198, -0.152] wins'; 'stats.Ratio.short'."""
     if p is None:
