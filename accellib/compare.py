@@ -200,8 +200,8 @@ def run_arms(config: str | Path, out: str | Path, arms: list[str] | None = None,
             now = json.loads(bfile.read_text()) if bfile.is_file() else {}
             if (now.get("budget"), now.get("seeds")) == (budget, seeds):
                 for k, p in plan["per_seed"].items():
-                    for field in ("steps", "flops_budget"):
-                        p[field] = {**now["per_seed"].get(k, {}).get(field, {}), **p[field]}
+                    for field in ("steps", "flops_budget", "fingerprint"):
+                        p[field] = {**now["per_seed"].get(k, {}).get(field, {}), **p.get(field, {})}
             write_json(bfile, plan)
     results = {}
     for name, cfg in runs.items():

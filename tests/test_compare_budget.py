@@ -226,3 +226,25 @@ def test_arms_added_with_another_budget_are_refused(tiny_data_dir, tmp_path, cap
     assert compare_main(["--config", str(cfg), "--out", str(out), "--arms", "baseline", "--budget", "flops"]) == 0
     steps = json.loads((out / "budget.json").read_text())["per_seed"]["0"]["steps"]
     assert set(steps) == {"baseline", "pld"}
+
+
+def test_a_resumed_flops_comparison_reuses_its_plan_and_replans_a_changed_arm(tiny_data_dir, tmp_path, monkeypatch):
+    """Planning a FLOPs budget walks every step of every candidate horizon, for each seed (minutes per random-LTD arm
+    at 12,000 steps): a resume reuses the steps stored in budget.json for the configs they were planned for, and plans
+    again an arm whose config changed (its stored fingerprint differs)."""
+    from accellib.drivers import arms as arms_mod
+    from accellib.drivers.arms import arm_configs, plan_runs
+    cfg = _yaml(tmp_path, tiny_data_dir)
+    cfgs = arm_configs(cfg, None, [])
+    runs, plan = plan_runs(cfgs, 2, "flops")
+    stored = json.loads(json.dumps(plan))
+    calls = []
+    monkeypatch.setattr(arms_mod, "resolve", lambda *a, **k: calls.append(a) or resolve(*a, **k))
+    again, plan2 = plan_runs(cfgs, 2, "flops", stored=stored)
+    assert calls == [] and plan2["per_seed"] == stored["per_seed"]
+    assert {k: c.train.steps for k, c in again.items()} == {k: c.train.steps for k, c in runs.items()}
+    changed = arm_configs(cfg, None, [])
+    arm = next(a for a in changed if a != "baseline")
+    changed[arm].optim.lr *= 2                                            # another config for one arm: planned again
+    plan_runs(changed, 2, "flops", stored=stored)
+    assert len(calls) == 2 and all(set(c[2]) == {arm, "baseline"} for c in calls)

@@ -9,6 +9,7 @@ other sizes are named, not written: `dense-L3` is the base with 3 blocks, `dense
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from ..core.config import RunConfig, apply_dict, load_config, parse_overrides, read_yaml, with_horizon
@@ -117,35 +118,50 @@ def baseline_arm(names: list[str]) -> str:
     return "baseline" if "baseline" in names else names[0]
 
 
+def fingerprint(cfg: RunConfig) -> str:
+    """A short hash of an arm's config as given (before its budget sets the steps): budget.json stores it beside
+    each planned arm, so a resumed comparison reuses a plan only for the config it was made for."""
+    import hashlib
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 1,
               stored: dict | None = None, base_cfg: RunConfig | None = None) -> tuple[dict[str, RunConfig], dict]:
     """Every run's config: each arm at each seed, with the steps (and FLOPs cap) its budget gives it.
     `stored`: the budget.json of the comparison being resumed. A wall budget is measured, so the steps
-    stored for an arm are reused (measuring again would give a slightly different horizon); steps and
-    FLOPs budgets are recomputed, they come out the same. `base_cfg`: the baseline's config when the
+    stored for an arm are reused (measuring again would give a slightly different horizon). A FLOPs budget's
+    steps are reused too: planning them again gives the same steps, but a long run's plan walks every step of
+    every candidate horizon (minutes per random-LTD arm at 12,000 steps, for each seed). A plan is reused
+    only for the config it was made for (its `fingerprint`; a budget.json written before fingerprints has
+    none, and its plans are reused), and every started run is checked against its folder's stored config
+    (compare.arm_states). A steps budget has nothing to plan. `base_cfg`: the baseline's config when the
     baseline is not among `cfgs` (e.g. `--arms pld`), named "baseline"."""
     base = baseline_arm(list(cfgs)) if base_cfg is None else "baseline"
     seed0 = (base_cfg or cfgs[base]).train.seed
     if stored is not None and (stored.get("budget"), stored.get("seeds")) != (budget, seeds):
         raise ConfigError(f"the comparison was run with --budget {stored.get('budget')} --seeds {stored.get('seeds')}; "
                           "resume it with the same, or give the new comparison another --out (its finished arms stay)")
-    kept = (stored or {}).get("per_seed", {}) if budget == "wall" else {}
+    kept = (stored or {}).get("per_seed", {}) if budget in ("wall", "flops") else {}
     plans, runs = {}, {}
     for k in range(seeds):
         seeded = {a: copy.deepcopy(c) for a, c in cfgs.items()}
         base_k = seeded[base] if base_cfg is None else copy.deepcopy(base_cfg)
         for c in [*seeded.values(), base_k]:
             c.train.seed = seed0 + k
-        old = kept.get(str(k), {}).get("steps", {})
+        was = kept.get(str(k), {})
+        fp = {a: fingerprint(c) for a, c in seeded.items()}
+        old = {a: n for a, n in was.get("steps", {}).items()    # a plan made for another config is made again
+               if budget == "wall" or a == base or was.get("fingerprint", {}).get(a, fp.get(a)) == fp.get(a)}
         todo = {a: c for a, c in seeded.items() if a not in old}
         if budget == "wall" and k > 0:
             plans[k] = plans[0]
         elif todo:
             plans[k] = resolve(budget, base_k, todo | {base: base_k}, world)
             for field in ("steps", "flops_budget"):
-                plans[k][field] = {**kept.get(str(k), {}).get(field, {}), **plans[k][field]}
+                plans[k][field] = {**{a: v for a, v in was.get(field, {}).items() if a in old}, **plans[k][field]}
         else:
-            plans[k] = kept[str(k)]
+            plans[k] = dict(was)
+        plans[k]["fingerprint"] = {**was.get("fingerprint", {}), **fp}
         for a, c in seeded.items():
             n, cap = plans[k]["steps"][a], plans[k]["flops_budget"][a]
             c = with_horizon(c, n) if n != c.train.steps else c
