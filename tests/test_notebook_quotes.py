@@ -21,6 +21,7 @@ SUMMARIES = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
     "00": [
+        ('gaps-aaec150a', "the baseline reads 849 tokens per parameter, 10.0x the optimum's", 'with the baseline\nreading about ten times its tokens per parameter'),
         ("4afe3cfe", " unigram: 3.3222 nats on the eval windows | whole split 3.3289 nats = 4.8026 bits/byte", None),
         ("4afe3cfe", "  bigram: 2.5484 nats on the eval windows | whole split 2.5444 nats = 3.6708 bits/byte", None),
         ("a974109a", "chosen vs bigram (2.5484): -0.2155 nats", "the tuned baseline ends 0.22 nats below the bigram line"),
@@ -42,6 +43,9 @@ QUOTES = {
         ("a11549a0", "its tuned LR 0.02857 is 1.53x the rule's", "is 1.53× the rule's"),
     ],
     "01": [
+        ('nb01-rule', '  PLD - same-size baseline at equal FLOPs: +0.052 [-0.003, +0.107] (n=5): not resolved at 5 seeds', '+0.052\n> [−0.003, +0.107], not resolved'),
+        ('nb01-rule', "  FLOPs to the baseline's final loss: 1/5 reached: 0.96x", "1 of 5 seeds reaches the baseline's loss within its FLOPs"),
+        ('nb01-rule', '  PLD - dense frontier (dense-L6-d32): +0.264 [+0.226, +0.303] (n=5): loses', '6 × 32 frontier (+0.264)'),
         ("cell-18", "live PLD run: 4.3300 blocks per micro-batch", "it ran 4.33 of 6 blocks per micro-batch"),
         ("cell-18", "FLOPs of the PLD run: 0.734 x the baseline's", "and 0.73× the baseline's FLOPs at equal steps"),
         ("cell-29", "pld              step time   57.0 ms  ratio 0.747", "a step took 0.75× the baseline's on one CPU core"),
@@ -65,6 +69,9 @@ QUOTES = {
         ("nb01-rule", "PLD 1.30x the baseline's tokens/s, realized speed-up 1.02", "1.30× the baseline's tokens/s,\n> a realized speed-up of 1.02"),
     ],
     "02": [
+        ('nb02-rule', '  SBLD - same-size baseline at equal FLOPs: +0.032 [+0.003, +0.061] (n=5): loses', '+0.032 [+0.003, +0.061] against the same-size baseline'),
+        ('nb02-rule', "  FLOPs to the baseline's final loss: 0/5 reached (not within 1.00x)", "no\n> seed reaches the baseline's loss within its FLOPs"),
+        ('nb02-rule', '  SBLD - dense frontier (dense-L6-d32): +0.244 [+0.190, +0.299] (n=5): loses', '6 × 32 frontier (+0.244)'),
         ("nb02-38", "tutorial budget  0.68x [0.66, 0.70] (5/5 reached); sign test 5 below, 0 above (p=0.062)",
          "0.68x [0.66, 0.70], 5/5 seeds reached"),
         ("nb02-38", "profile charged         tutorial budget  0.73x [0.71, 0.75] (5/5 reached)", "0.73x [0.71, 0.75] (the sign test"),
@@ -91,6 +98,9 @@ QUOTES = {
         ("nb02-rule", "SBLD 1.60x the baseline's tokens/s, realized speed-up 1.04", "ran at 1.60× the baseline's tokens/s, a realized speed-up of 1.04"),
     ],
     "03": [
+        ('nb03-rule', '  random-LTD - same-size baseline at equal FLOPs: +0.033 [-0.012, +0.078] (n=5): not resolved at 5 seeds', '+0.033 [−0.012, +0.078] against the same-size\n> baseline, not resolved'),
+        ('nb03-rule', "  FLOPs to the baseline's final loss: 1/5 reached: 0.83x", "1 of 5 seeds reaches the baseline's\n> loss within its FLOPs"),
+        ('nb03-rule', '  random-LTD - dense frontier (dense-L6-d32): +0.245 [+0.206, +0.284] (n=5): loses', '6 × 32 frontier (+0.245)'),
         ("c6382422", "equal FLOPs, 5 seeds: steps baseline 300, random_ltd 366, dense-L1 1466; tokens read: random_ltd 1.22x",
          "it takes 366 steps instead of 300, reads 1.22× the baseline's"),
         ("c6382422", "tokens per parameter (all parameters): baseline 1.8 (337,024 parameters), dense-L1 34.5 (87,104)",
@@ -132,6 +142,9 @@ QUOTES = {
         ("d5dc7bf3", "step   0: r = 16  P(skipped by all 4 middle blocks) = (1 - 16/64)^4 = 0.3164", "about one token in three (0.316) skips every middle block"),
     ],
     "04": [
+        ('nb04-rule', '  the V-cycle - same-size baseline at equal FLOPs: -0.017 [-0.064, +0.029] (n=5): not resolved at 5 seeds', '−0.017\n> [−0.064, +0.029] against the same-size baseline, not resolved'),
+        ('nb04-rule', "  FLOPs to the baseline's final loss: 3/5 reached", "3 of 5 seeds reach the baseline's loss within its\n> FLOPs"),
+        ('nb04-rule', '  the V-cycle - dense frontier (dense-L6-d32): +0.195 [+0.160, +0.230] (n=5): loses', '6 × 32 frontier (+0.195)'),
         ("nb04-24", "multilevel  steps  320  x0.65 FLOPs  reads 1.07x the baseline's tokens", "the cycle's 320 steps\nread 1.07× the baseline's tokens"),
         ("nb04-24", "tokens read per parameter (all parameters): baseline 1.8, dense-L1 34.5", "(34.5 tokens per parameter at this budget)"),
         ("nb04-long-table", "the V-cycle's coarse model: 3 blocks of width 12, 1 head(s); at this budget the cycle runs 2249 steps, reads 1.61x",

@@ -298,9 +298,10 @@ TECHNIQUES = ("pld", "sbld", "random_ltd", "multilevel", "pld+random_ltd", "sbld
 
 def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = None, gpu: dict | None = None) -> str:
     """The README's findings, made from the cache (a test checks the README and docs/results.md hold exactly this):
-    per technique, what its paper claims; ours near compute-optimal (configs/fixed_size_long.yaml at 50 tokens per
-    parameter: its own family's optimum reads ~130, so the 6-block baseline is larger than optimal, not trained past
-    it): FLOPs and wall to reach the same-size baseline's final loss (`stats.Ratio.short`: no interval where a seed is
+    per technique, what its paper claims; ours in `long_res`, the regime its own IsoFLOP profile names
+    (`regime.regime_name`: the README passes ot_flops, the papers' regime; docs/results.md also long_flops, near
+    compute-optimal): FLOPs to reach the same-size baseline's final loss (no wall column: the runs shared a busy 2-core CPU under
+    loads that differed between arms, so their clocks measure the load, not the technique; the GPU column does) (`stats.Ratio.short`: no interval where a seed is
     censored, the sign test's verdict), and the equal-FLOPs gaps to the same-size baseline and to the dense frontier;
     ours at the tutorial budget (an under-trained model): the gaps to the same-size baseline and to the frontier
     (bracketed by `tut_frontier`, the tutorial_frontier experiment, when given); the GPU column from `gpu`, a record
@@ -315,14 +316,14 @@ def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = No
     res_ = max(arm_row(long_res, a)["to_target_resolution"] for a in ("baseline", *TECHNIQUES))
     from .regime import regime_name
     lines = [f"| arm | paper's claim | {regime_name(long_res)} ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
-             f"FLOPs to the baseline's loss (read to {res_:.1%} of the budget) | wall to it | equal FLOPs: vs same size | "
+             f"FLOPs to the baseline's loss (read to {res_:.1%} of the budget) | equal FLOPs: vs same size | "
              "vs dense frontier | "
              f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | "
              f"{gpu_heading(gpu)} |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for a in TECHNIQUES:
         lines.append(f"| {a} | {PAPER_CLAIMS.get(a, 'not claimed')} | {_short(to_target(long_res, a, 'flops'))} | "
-                     f"{_short(to_target(long_res, a, 'wall'))} | {_short(gap(long_res, a, 'baseline'))} | "
+                     f"{_short(gap(long_res, a, 'baseline'))} | "
                      f"{_short(gap(long_res, a, 'frontier'))} | {_short(gap(tut_res, a, 'baseline'))} | "
                      f"{_short(tut_front(a))} | {gpu_cell.get(a, 'not measured')} |")
     return "\n".join(lines)
