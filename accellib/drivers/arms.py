@@ -154,7 +154,7 @@ def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 
                if budget == "wall" or a == base or was.get("fingerprint", {}).get(a, fp.get(a)) == fp.get(a)}
         todo = {a: c for a, c in seeded.items() if a not in old}
         if budget == "wall" and k > 0:
-            plans[k] = plans[0]
+            plans[k] = dict(plans[0])   # a copy: each seed stores its own fingerprints
         elif todo:
             plans[k] = resolve(budget, base_k, todo | {base: base_k}, world)
             for field in ("steps", "flops_budget"):
