@@ -1,6 +1,6 @@
 """The results cache (`make results`): the longer, multi-seed experiments the notebooks plot, run with
 `accellib.compare` and written to results/<name>.json with what made them (config, commit, versions,
-machine, wall time of the experiment).
+machine, wall time of this invocation, and run_seconds: every run's own clock summed, which a resumed build keeps).
 
     python benchmarks/reproduce.py                       # every experiment, jobs = CPU cores
     python benchmarks/reproduce.py --only tutorial_flops --jobs 2
@@ -202,6 +202,14 @@ def timing(config: Path, quick: bool) -> dict:
     return dict(timing=t, note="multilevel is left out: its stages are different models (see notebook 04)")
 
 
+def run_seconds(res: dict) -> float | None:
+    """The build's cost: every run's own training clock (its final record's wall, summed over arms and seeds, runs
+    kept from an earlier invocation included). wall_seconds is only the last invocation's, which a resumed build
+    undercounts; neither is a speed measurement (runs share the machine, --jobs at a time)."""
+    rows = res.get("summary", {}).get("rows")
+    return round(sum(r["wall_s"] * r["seeds"] for r in rows), 1) if rows and all("wall_s" in r for r in rows) else None
+
+
 def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
     """{arm: {params, tokens, tokens_per_param, epochs, vs_compute_optimal}} of an experiment's arms, counted one
     way (accellib.analysis.regime: all parameters; tokens = the mean over seeds of what each run read). A V-cycle
@@ -369,6 +377,7 @@ def main() -> int:
                    config=yaml.safe_load(configs.get(name, CONFIG).read_text()),
                    seeds=res["summary"]["seeds"] if "summary" in res else seeds,
                    wall_seconds=round(time.perf_counter() - t0, 1), jobs=args.jobs,
+                   run_seconds=run_seconds(res),
                    threads_per_run=1,      # every run gets --train.threads=1 (above)
                    environment=environment(), **res)
         print(f"   {name}: {rec['wall_seconds']:.0f} s with {args.jobs} job(s)")

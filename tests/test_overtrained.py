@@ -159,3 +159,13 @@ def test_ot_flops_measures_every_technique_in_the_papers_regime():
         assert len(r["to_target"]["flops"]["ratios"]) == 5               # censored seeds kept
         if not arm.startswith("dense-L"):   # the papers' metric's arms: read to 2% of the budget
             assert r["to_target_resolution"] <= 0.02, arm
+
+
+def test_a_records_run_seconds_sum_every_runs_own_clock_across_resumes():
+    """A resumed build's wall_seconds is only its last invocation; run_seconds sums each run's own clock (a mean
+    per arm x its seeds), so the cost survives resumes; a row without a clock gives no total rather than a low one."""
+    import reproduce
+    rows = [dict(arm="baseline", seeds=5, wall_s=300.0), dict(arm="pld", seeds=5, wall_s=250.5)]
+    assert reproduce.run_seconds(dict(summary=dict(rows=rows))) == 2752.5
+    assert reproduce.run_seconds(dict(summary=dict(rows=[*rows, dict(arm="x", seeds=1)]))) is None
+    assert reproduce.run_seconds(dict(timing={})) is None
