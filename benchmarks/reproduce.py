@@ -44,7 +44,7 @@ Near compute-optimal (configs/fixed_size_long.yaml: 6 blocks x width 24 at 50 to
 The papers' regime (configs/overtrained.yaml: 6 blocks x width 16 at 849 tokens per parameter of fresh text;
 benchmarks/overtrained.py says why and how):
   ot_lr_sweep        its peak LR at that horizon, 3 seeds, the ladder extended until the best LR is interior
-  ot_lr_check        the tuned LR against 0.125x-0.5x and 2x-4x it, 5 seeds (the sweep's 1.43x neighbours are
+  ot_lr_check        the tuned LR against 0.0625x-0.5x and 2x-4x it, 5 seeds (the sweep's 1.43x neighbours are
                      not resolved)
   ot_profile         the plain models of the same family (overtrained.PROFILE) trained to the baseline's FLOPs,
                      3 seeds: the IsoFLOP profile that shows whether the baseline is past its compute-optimum

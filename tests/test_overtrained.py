@@ -86,12 +86,12 @@ def test_the_flops_comparison_adds_the_profiles_best_plain_model(tmp_path):
     assert overtrained.flops_yaml(tmp_path / "x", base_best)[1] == ["baseline", *techniques]
 
 
-def test_the_lr_check_reaches_8x_below_and_4x_above_the_tuned_lr(tmp_path):
+def test_the_lr_check_reaches_16x_below_and_4x_above_the_tuned_lr(tmp_path):
     path, arms = overtrained.lr_check_yaml(tmp_path / "ot_lr_check")
     raw = yaml.safe_load(path.read_text())
     lr = raw["optim"]["lr"]
-    assert arms == ["baseline", *(f"lr{lr * f:g}" for f in (0.125, 0.25, 0.5, 2, 4))]
-    assert [raw["arms"][a]["optim"]["lr"] for a in arms[1:]] == [pytest.approx(lr * f) for f in (0.125, 0.25, 0.5, 2, 4)]
+    assert arms == ["baseline", *(f"lr{lr * f:g}" for f in (0.0625, 0.125, 0.25, 0.5, 2, 4))]
+    assert [raw["arms"][a]["optim"]["lr"] for a in arms[1:]] == [pytest.approx(lr * f) for f in (0.0625, 0.125, 0.25, 0.5, 2, 4)]
 
 
 def test_the_profile_puts_the_baseline_past_its_optimum_as_the_config_says():
