@@ -14,6 +14,7 @@ runs again: the pairing check of `joint_frontier`).
     python benchmarks/reproduce.py --only ot_profile --jobs 2    # the plain models of the family, 3 seeds, equal FLOPs
     python benchmarks/reproduce.py --only ot_flops --jobs 2      # every technique, the baseline and the profile's
                                                                  # best plain model, 5 seeds, equal FLOPs
+    python benchmarks/reproduce.py --only ot_flops_lr --jobs 2   # the same, every arm at ot_lr_check's best LR
     python benchmarks/reproduce.py --only ot_short,long_short    # the same configs at a short horizon (the gap
                                                                  # as training gets longer, notebook 00)
 
@@ -109,10 +110,35 @@ def best_plain(profile: dict) -> str | None:
     return None if best == "baseline" else best
 
 
-def flops_yaml(out: Path, profile: dict) -> tuple[Path, list[str]]:
+class NotLocated(ValueError):
+    """An optimum at the end of the range measured: the message says which range to widen."""
+
+
+def lr_of(arm: str, config_lr: float) -> float:
+    """The peak LR of an ot_lr_check arm: 'baseline' is the config's, 'lr0.005' is 0.005."""
+    return config_lr if arm == "baseline" else float(arm.removeprefix("lr"))
+
+
+def checked_lr(check: dict) -> float:
+    """The LR check's best peak LR: the lowest mean final loss over its 5 seeds (all at equal steps, so equal
+    FLOPs). Refused when it is the lowest or the highest LR measured: an optimum at an end is not located."""
+    config_lr = float(check["config"]["optim"]["lr"])
+    rows = sorted(check["summary"]["rows"], key=lambda r: lr_of(r["arm"], config_lr))
+    best = min(range(len(rows)), key=lambda i: rows[i]["val_loss"])
+    if best in (0, len(rows) - 1):
+        raise NotLocated(f"ot_lr_check's best LR {lr_of(rows[best]['arm'], config_lr):g} is the end of its range; "
+                         "add a multiple beyond it to LR_CHECK (benchmarks/overtrained.py) and run ot_lr_check again")
+    return lr_of(rows[best]["arm"], config_lr)
+
+
+def flops_yaml(out: Path, profile: dict, lr: float | None = None) -> tuple[Path, list[str]]:
     """configs/overtrained.yaml's arms (the baseline and every technique) and the profile's best plain model (read
-    from `profile`, the ot_profile record): the techniques against the same size and the frontier, 5 seeds."""
+    from `profile`, the ot_profile record): the techniques against the same size and the frontier, 5 seeds. With
+    `lr`, every arm at that peak LR instead of the config's (the plain model of another width by the profile's rule
+    from it): ot_flops_lr, the same comparison at ot_lr_check's best LR."""
     raw = yaml.safe_load(CONFIG.read_text())
+    if lr is not None:
+        raw["optim"]["lr"] = float(f"{lr:.6g}")
     best = best_plain(profile)
     if best is not None:
         raw["arms"] = {"baseline": {}, best: profile_arms(raw)[best],

@@ -50,6 +50,7 @@ benchmarks/overtrained.py says why and how):
                      3 seeds: the IsoFLOP profile that shows whether the baseline is past its compute-optimum
   ot_flops           every arm at the baseline's FLOPs, 5 seeds, with the profile's best plain model: the
                      same-size gap and the gap to the frontier
+  ot_flops_lr        the same at ot_lr_check's best peak LR (the 3-seed sweep's 0.02 is not the 5-seed optimum)
   ot_short           the same config at 50 tokens per parameter (every schedule scaled with the run), 5 seeds
   long_short         configs/fixed_size_long.yaml at 1.8 tokens per parameter (the tutorial's), 5 seeds: regime
                      apart from width
@@ -232,6 +233,7 @@ def regime_record(config: Path, rows: list[dict], curves: dict) -> dict:
 
 
 CONFIG_OF = {"ot_lr_sweep": "overtrained.yaml", "ot_lr_check": "overtrained.yaml", "ot_profile": "overtrained.yaml", "ot_flops": "overtrained.yaml",
+             "ot_flops_lr": "overtrained.yaml",
              "ot_short": "overtrained.yaml",
              "long_short": "fixed_size_long.yaml", "long_lr_sweep": "fixed_size_long.yaml", "long_flops": "fixed_size_long.yaml",
              "long_flops_lr": "fixed_size_long.yaml",
@@ -329,6 +331,8 @@ def main() -> int:
         "ot_profile": lambda: generated("ot_profile", overtrained.profile_yaml(runs / "ot_profile"),
                                         2 if args.quick else overtrained.PROFILE_SEEDS),
         "ot_flops": lambda: generated("ot_flops", overtrained.flops_yaml(runs / "ot_flops", cached("ot_profile"))),
+        "ot_flops_lr": lambda: generated("ot_flops_lr", overtrained.flops_yaml(
+            runs / "ot_flops_lr", cached("ot_profile"), overtrained.checked_lr(cached("ot_lr_check")))),
         "ot_short": lambda: generated("ot_short", overtrained.short_yaml(
             overtrained.CONFIG, runs / "ot_short", overtrained.SHORT_TOKENS_PER_PARAM)),
         "long_short": lambda: generated("long_short", overtrained.short_yaml(
@@ -358,6 +362,7 @@ def main() -> int:
                                                  "steps", seeds, extra, args.jobs),
     }
     configs = {"ot_lr_sweep": overtrained.CONFIG, "ot_lr_check": overtrained.CONFIG, "ot_profile": overtrained.CONFIG, "ot_flops": overtrained.CONFIG,
+               "ot_flops_lr": overtrained.CONFIG,
                "ot_short": overtrained.CONFIG,
                "long_short": LONG_CONFIG, "long_lr_sweep": LONG_CONFIG, "long_flops": LONG_CONFIG, "long_timing": LONG_CONFIG,
                "long_flops_lr": LONG_CONFIG,
@@ -371,7 +376,11 @@ def main() -> int:
     for name in names:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
-        res = done[name] = experiments[name]()
+        try:
+            res = done[name] = experiments[name]()
+        except overtrained.NotLocated as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         if "summary" in res and "curves" in res:   # where each arm stands: tokens per parameter, epochs
             res["regime"] = regime_record(configs.get(name, CONFIG), res["summary"]["rows"], res["curves"])
         rec = dict(name=name, command=f"python benchmarks/reproduce.py --only {name} --device {args.device}",

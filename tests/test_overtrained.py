@@ -169,3 +169,23 @@ def test_a_records_run_seconds_sum_every_runs_own_clock_across_resumes():
     assert reproduce.run_seconds(dict(summary=dict(rows=rows))) == 2752.5
     assert reproduce.run_seconds(dict(summary=dict(rows=[*rows, dict(arm="x", seeds=1)]))) is None
     assert reproduce.run_seconds(dict(timing={})) is None
+
+
+def test_the_flops_comparison_at_the_checked_lr_moves_every_arm_and_refuses_an_edge(tmp_path):
+    """ot_flops_lr: ot_flops's arms at ot_lr_check's best LR (lowest mean), the wider plain model by the profile's
+    1/width rule from it; a best LR at the end of the range measured is refused with what to do."""
+    lr = yaml.safe_load(overtrained.CONFIG.read_text())["optim"]["lr"]
+    rows = lambda losses: dict(config=dict(optim=dict(lr=lr)), summary=dict(rows=[
+        dict(arm=a, val_loss=v) for a, v in losses.items()]))
+    check = rows({"baseline": 2.10, "lr0.0025": 2.09, "lr0.005": 2.08, "lr0.01": 2.11, "lr0.04": 2.14})
+    assert overtrained.checked_lr(check) == 0.005
+    with pytest.raises(overtrained.NotLocated, match="end of its range; add a multiple beyond it to LR_CHECK"):
+        overtrained.checked_lr(rows({"baseline": 2.10, "lr0.0025": 2.07, "lr0.005": 2.08}))
+    with pytest.raises(overtrained.NotLocated):
+        overtrained.checked_lr(rows({"baseline": 2.10, "lr0.01": 2.11, "lr0.04": 2.09}))
+    prof = dict(summary=dict(rows=[dict(arm="baseline", val_loss=2.1), dict(arm="dense-L6-d32", val_loss=1.9)]))
+    path, arms = overtrained.flops_yaml(tmp_path / "ot_flops_lr", prof, 0.005)
+    raw = yaml.safe_load(path.read_text())
+    assert raw["optim"]["lr"] == 0.005 and raw["arms"]["dense-L6-d32"]["optim"]["lr"] == pytest.approx(0.0025)
+    assert arms == overtrained.flops_yaml(tmp_path / "ot_flops", prof)[1]       # the same arms as ot_flops
+    assert all("lr" not in (v or {}).get("optim", {}) for a, v in raw["arms"].items() if a != "dense-L6-d32")
