@@ -189,3 +189,25 @@ def test_the_flops_comparison_at_the_checked_lr_moves_every_arm_and_refuses_an_e
     assert raw["optim"]["lr"] == 0.005 and raw["arms"]["dense-L6-d32"]["optim"]["lr"] == pytest.approx(0.0025)
     assert arms == overtrained.flops_yaml(tmp_path / "ot_flops", prof)[1]       # the same arms as ot_flops
     assert all("lr" not in (v or {}).get("optim", {}) for a, v in raw["arms"].items() if a != "dense-L6-d32")
+
+
+def test_the_lr_check_locates_the_optimum_and_the_config_says_so():
+    """results/ot_lr_check.json (issue 44, item 2): the config's LR and 1/16x-4x it, 5 seeds each at equal steps,
+    paired. The lowest mean is interior (checked_lr refuses an end), resolved losses lie on both sides of it, and
+    configs/overtrained.yaml's header states every LR's paired gap to it as the one rule gives it."""
+    from accellib.analysis.stats import paired
+    res = load_result("ot_lr_check")
+    lr0 = float(res["config"]["optim"]["lr"])
+    rows = {overtrained.lr_of(r["arm"], lr0): r for r in res["summary"]["rows"]}
+    assert sorted(rows) == sorted([lr0, *(lr0 * f for f in overtrained.LR_CHECK)])
+    assert all(r["seeds"] == 5 and r["steps"] == 12000 for r in rows.values())
+    best = overtrained.checked_lr(res)
+    header = " ".join(overtrained.CONFIG.read_text().split("model:")[0].replace("#", " ").split())
+    assert f"the lowest mean is at {best:g} ({rows[best]['val_loss']:.3f} +- {rows[best]['val_loss_sd']:.3f})" in header
+    gaps = {lr: paired(r["val_losses"], rows[best]["val_losses"]) for lr, r in rows.items() if lr != best}
+    for lr, g in gaps.items():
+        word = g.verdict.replace("not resolved at 5 seeds", "n.r.")
+        assert f"{lr:g} {g.mean:+.3f} [{g.lo:+.3f}, {g.hi:+.3f}] {word}" in header, lr
+    assert any(g.verdict == "loses" for lr, g in gaps.items() if lr < best)
+    assert any(g.verdict == "loses" for lr, g in gaps.items() if lr > best)
+    assert f"ot_flops_lr measures every arm at {best:g}" in header
