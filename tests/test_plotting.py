@@ -52,6 +52,7 @@ def test_variants_and_seeds_take_their_arms_colour():
     assert arm_color("sbld+random_ltd/seed1") == ARM_COLORS["sbld+random_ltd"]
     assert arm_color("someone_elses_arm") in _SPARE
     assert arm_color("lr0.003_wu20/seed1337") == ARM_COLORS["baseline"]     # notebook 00's LR sweep
+    assert arm_color("lr0.00125/seed1341") == ARM_COLORS["baseline"]        # ot_lr_check: the baseline at another LR
 
 
 # a colour given by hand in a notebook: a hex that is not a grey, a palette index, a categorical colour map

@@ -56,7 +56,7 @@ X_LABELS = dict(step="optimizer step", flops="training FLOPs (analytic)", wall="
 def arm_family(label: str) -> str:
     """The registered arm a label draws as: its name before any '/seed...' and then before any '@' or ' '."""
     name = label.split("/")[0]
-    if re.fullmatch(r"lr[0-9.e-]+_wu\d+", name):      # notebook 00's LR x warm-up sweep: the baseline at other settings
+    if re.fullmatch(r"lr[0-9.e-]+(_wu\d+)?", name):   # an LR sweep or check (notebook 00): the baseline at other settings
         return "baseline"
     if m := re.fullmatch(r"lrx[0-9.]+-(L\d+-d\d+)", name):   # the IsoFLOP LR check: that plain model at another LR
         return f"dense-{m.group(1)}"
