@@ -207,7 +207,8 @@ def timing(config: Path, quick: bool) -> dict:
 def run_seconds(res: dict) -> float | None:
     """The build's cost: every run's own training clock (its final record's wall, summed over arms and seeds, runs
     kept from an earlier invocation included). wall_seconds is only the last invocation's, which a resumed build
-    undercounts; neither is a speed measurement (runs share the machine, --jobs at a time)."""
+    undercounts; neither is a speed measurement (runs share the machine, --jobs at a time), and a run paused
+    (SIGSTOP) counts its pause."""
     rows = res.get("summary", {}).get("rows")
     return round(sum(r["wall_s"] * r["seeds"] for r in rows), 1) if rows and all("wall_s" in r for r in rows) else None
 
