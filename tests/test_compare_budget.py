@@ -248,3 +248,9 @@ def test_a_resumed_flops_comparison_reuses_its_plan_and_replans_a_changed_arm(ti
     changed[arm].optim.lr *= 2                                            # another config for one arm: planned again
     plan_runs(changed, 2, "flops", stored=stored)
     assert len(calls) == 2 and all(set(c[2]) == {arm, "baseline"} for c in calls)
+    base = arm_configs(cfg, None, [])
+    base["baseline"].optim.lr *= 2            # the baseline's own config changed: its plan is made again, like any arm's
+    calls.clear()
+    _, plan3 = plan_runs(base, 2, "flops", stored=stored)
+    assert len(calls) == 2 and all(set(c[2]) == {"baseline"} for c in calls)
+    assert plan3["per_seed"]["0"]["fingerprint"]["baseline"] != stored["per_seed"]["0"]["fingerprint"]["baseline"]

@@ -151,7 +151,7 @@ def plan_runs(cfgs: dict[str, RunConfig], seeds: int, budget: str, world: int = 
         was = kept.get(str(k), {})
         fp = {a: fingerprint(c) for a, c in seeded.items()}
         old = {a: n for a, n in was.get("steps", {}).items()    # a plan made for another config is made again
-               if budget == "wall" or a == base or was.get("fingerprint", {}).get(a, fp.get(a)) == fp.get(a)}
+               if budget == "wall" or was.get("fingerprint", {}).get(a, fp.get(a)) == fp.get(a)}
         todo = {a: c for a, c in seeded.items() if a not in old}
         if budget == "wall" and k > 0:
             plans[k] = dict(plans[0])   # a copy: each seed stores its own fingerprints
