@@ -443,6 +443,7 @@ def test_the_run_record_keeps_the_full_torch_version_and_none_for_the_gpu_stack_
     env = environment()
     assert env["torch"] == torch.__version__   # with its local tag (+cpu, +cu130), which versions["torch"] may lack
     assert env["cuda"] is None and env["driver"] is None and env["nccl"] is None
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()   # AVX512 / AVX2 / DEFAULT: which kernels ran
 
 
 def test_the_docs_state_the_h200_record_as_it_is():
