@@ -135,7 +135,7 @@ def test_regime_reading_states_where_the_baseline_stands_and_every_verdict():
     assert f"SBLD - same-size baseline at equal FLOPs: {gap(res, 'sbld', 'baseline').text()}" in text
     assert to_target(res, "sbld", "flops").text() in text and gap(res, "sbld", "frontier").text() in text
     short = regime_reading(load_result("ot_short"), "sbld", "SBLD")   # no plain arms of other sizes: no regime named
-    assert short.splitlines()[0] == "ot_short, baseline at 50 tokens per parameter" and "(None): —" in short
+    assert short.splitlines()[0] == "ot_short, baseline at 50 tokens per parameter, peak LR 0.02" and "(None): —" in short
 
 
 def test_ot_flops_measures_every_technique_in_the_papers_regime():
@@ -211,3 +211,4 @@ def test_the_lr_check_locates_the_optimum_and_the_config_says_so():
     assert any(g.verdict == "loses" for lr, g in gaps.items() if lr < best)
     assert any(g.verdict == "loses" for lr, g in gaps.items() if lr > best)
     assert f"ot_flops_lr measures every arm at {best:g}" in header
+

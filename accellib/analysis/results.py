@@ -223,15 +223,22 @@ def to_target(res: dict, arm: str, x: str = "flops", extra: float = 0.0) -> Rati
     return judge_to_target(hits, budgets, tie=tie, what=f"{arm} FLOPs to target", seeds=seeds)
 
 
+def peak_lr(res: dict) -> float:
+    """The baseline's peak LR in a cached experiment: the generated config's where `reproduce.py` wrote one (an
+    experiment run at another LR than its base config's, e.g. ot_flops_lr), else the config's."""
+    return (res.get("generated_config") or res["config"])["optim"]["lr"]
+
+
 def regime_reading(res: dict, arm: str, name: str) -> str:
     """One technique in one equal-FLOPs experiment, as the decision rules of notebooks 01-04 quote it: where the
     baseline stands (its tokens per parameter; with a bracketed IsoFLOP profile, the regime's name and how far past
     the family's optimum, `accellib.analysis.regime.past_optimum`), then the arm's gap to the same-size baseline at
     equal FLOPs (the test), its FLOPs to the baseline's final loss (the papers' metric) and its gap to the dense
-    frontier, each by the one rule. `name` is the technique as the text calls it ('PLD')."""
+    frontier, each by the one rule, at the baseline's peak LR (every arm shares it). `name` is the technique as the
+    text calls it ('PLD')."""
     from .regime import past_optimum, regime_name
     tpp = res["regime"]["baseline"]["tokens_per_param"]
-    where = f"{res['name']}, baseline at {tpp:.0f} tokens per parameter"
+    where = f"{res['name']}, baseline at {tpp:.0f} tokens per parameter, peak LR {peak_lr(res):.3g}"
     if frontier_arm(res) is not None:          # plain arms of other sizes: the baseline placed on their profile
         p = past_optimum(res)
         where += (f", {p['times']:.1f}x those of its family's best plain model at its FLOPs ({p['optimum']}, "
@@ -315,7 +322,8 @@ def findings_table(long_res: dict, tut_res: dict, tut_frontier: dict | None = No
     gpu_cell = gpu_cells(gpu)
     res_ = max(arm_row(long_res, a)["to_target_resolution"] for a in ("baseline", *TECHNIQUES))
     from .regime import regime_name
-    lines = [f"| arm | paper's claim | {regime_name(long_res)} ({g(long_res):.0f} tokens/param, {n(long_res)} seeds): "
+    lines = [f"| arm | paper's claim | {regime_name(long_res)} ({g(long_res):.0f} tokens/param, peak LR "
+             f"{peak_lr(long_res):.3g}, {n(long_res)} seeds): "
              f"FLOPs to the baseline's loss (read to {res_:.1%} of the budget) | equal FLOPs: vs same size | "
              "vs dense frontier | "
              f"tutorial ({g(tut_res):.1f} tokens/param, {n(tut_res)} seeds): vs same size | vs dense frontier | "
