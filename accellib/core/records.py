@@ -32,8 +32,8 @@ def git_commit() -> str | None:
 
 def environment(accelerator=None) -> dict:
     """What ran: Python, platform, package versions, the git commit, the CPU kernels torch dispatches to
-    (`cpu_capability`: AVX512, AVX2 or DEFAULT under ATEN_CPU_CAPABILITY=default; two machines whose kernels differ give
-    runs whose losses differ in the last digits, and a long run carries those digits further), and torch's build: its full version
+    (`cpu_capability`: AVX512, AVX2, or DEFAULT under ATEN_CPU_CAPABILITY=default; machines whose kernels differ
+    give losses that differ in the last digits, which a long run carries further), and torch's build: its full version
     (`torch`, with the local tag, e.g. 2.11.0+cu130, which the package metadata in `versions` lacks) and,
     with a CUDA GPU, the CUDA runtime torch was built with, the NVIDIA driver and NCCL (None on a CPU); with the
     run's accelerator, its device, processes, mixed precision and distributed type (DDP or FSDP)."""
