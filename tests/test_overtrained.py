@@ -238,3 +238,9 @@ def test_ot_flops_lr_measures_every_technique_at_the_checked_lr():
     for arm, r in rows.items():
         assert res["regime"][arm]["epochs"] <= 1, arm                            # no token read twice
         assert len(r["to_target"]["flops"]["ratios"]) == 5, arm                  # censored seeds kept
+    header = " ".join(overtrained.CONFIG.read_text().split("model:")[0].replace("#", " ").split())
+    for arm in ("dense-L6-d32", "multilevel"):                                   # the config's header quotes them
+        g = rows[arm]["vs_baseline"]
+        assert f"({g['mean']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}])" in header, arm
+    losing = [a for a in rows if not a.startswith("dense-L") and a != "baseline" and rows[a]["vs_baseline"]["verdict"] == "loses"]
+    assert losing == ["pld", "sbld", "random_ltd", "pld+random_ltd", "sbld+random_ltd"]
