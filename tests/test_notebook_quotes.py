@@ -21,6 +21,8 @@ SUMMARIES = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
 # notebook -> [(cell id, printed fragment, the text's fragment or None)]
 QUOTES = {
     "00": [
+        ('gaps-lrflops', 'dense-L6-d32 at 0.0025 - the same at 0.01: +0.069 [+0.029, +0.109] (n=5): loses',
+         '(0.01: +0.069 [+0.029, +0.109],\n  paired, loses)'),
         ('gaps-lrflops', 'at 0.005 -0.121 [-0.146, -0.095] (n=5): wins',
          '(−0.121 [−0.146, −0.095], wins; −0.212 at 0.02)'),
         ('gaps-lrflops', 'at 0.02 -0.212 [-0.270, -0.155] (n=5): wins',

@@ -99,8 +99,8 @@ def test_the_long_config_is_near_compute_optimal_not_past_it():
 def test_readme_findings_table_is_made_from_the_cache():
     """The README's findings table is the papers' regime's at the 5-seed LR check's best peak LR
     (results/ot_flops_lr.json, issue 44); docs/results.md holds it, the same at the config's LR
-    (results/ot_flops.json) and the near-compute-optimal one (results/long_flops.json). The GPU column comes from the committed record of the
-    reworked GPU check (results/gpu_check_h200.json)."""
+    (results/ot_flops.json) and the near-compute-optimal one (results/long_flops.json). The GPU column comes from the
+    committed record of the reworked GPU check (results/gpu_check_h200.json)."""
     rest = [load_result(n) for n in ("tutorial_flops", "tutorial_frontier", "gpu_check_h200")]
     made = {n: findings_table(load_result(n), *rest) for n in ("ot_flops_lr", "ot_flops", "long_flops")}
     cmd = ("python -c 'from accellib.analysis.results import *; print(findings_table(load_result(\"{}\"), "
